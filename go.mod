@@ -1,0 +1,3 @@
+module github.com/vmsan/vmsan
+
+go 1.26.8

@@ -1,0 +1,54 @@
+// Package export is the seam between protocol front ends (NBD, iSCSI) and
+// the volumes they serve. A front end looks a Device up by name in a
+// Registry, reads its Info once per connection, and submits requests.
+package export
+
+import (
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/ioengine"
+)
+
+// Info is what a front end advertises for a device.
+type Info struct {
+	Name        string
+	Description string
+	UUID        string
+	Size        int64
+	ReadOnly    bool
+	Rotational  bool
+	// CanMultiConn is true when a FLUSH on one connection makes writes
+	// completed on every connection durable (true for one shared engine).
+	CanMultiConn bool
+	// Block sizes (NBD_INFO_BLOCK_SIZE): minimum, preferred, maximum payload.
+	MinBlock, PrefBlock, MaxBlock uint32
+}
+
+// Device is an exported volume.
+//
+// Concurrency: all methods are safe for concurrent use.
+type Device interface {
+	Info() Info
+	// Submit queues r; r.Done is called exactly once.
+	Submit(r *ioengine.Request)
+	// Extents answers block status for [off, off+length).
+	Extents(off, length int64) ([]backend.Extent, error)
+	// Release drops the reference taken by Registry.Open.
+	Release()
+}
+
+// Registry resolves export names to devices.
+type Registry interface {
+	// Open returns the named device with a reference held (release with
+	// Device.Release). The empty name means the default export.
+	// It returns ErrNotFound when there is no such export.
+	Open(name string) (Device, error)
+	// List returns the exports in name order.
+	List() []Info
+}
+
+// ErrNotFound is returned by Registry.Open for an unknown export name.
+var ErrNotFound = errNotFound{}
+
+type errNotFound struct{}
+
+func (errNotFound) Error() string { return "export: no such export" }

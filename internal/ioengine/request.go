@@ -1,0 +1,58 @@
+package ioengine
+
+// Op is the kind of a Request.
+type Op uint8
+
+const (
+	OpRead Op = iota + 1
+	OpWrite
+	OpFlush
+	OpTrim
+	OpWriteZeroes
+	OpCache // read-ahead hint: populate caches, no data returned
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpRead:
+		return "read"
+	case OpWrite:
+		return "write"
+	case OpFlush:
+		return "flush"
+	case OpTrim:
+		return "trim"
+	case OpWriteZeroes:
+		return "write-zeroes"
+	case OpCache:
+		return "cache"
+	}
+	return "unknown"
+}
+
+// Request is the one internal request type every front end (NBD, iSCSI,
+// replication receiver) submits to an Engine.
+//
+// The submitter owns the Request until Done is called, and the engine owns
+// it from Submit until Done returns. Done is called exactly once, from an
+// engine goroutine; it must not block for long.
+type Request struct {
+	Op     Op
+	Offset int64
+	Length int64  // bytes; for OpWrite it equals len(Data)
+	Data   []byte // OpWrite payload, or OpRead destination (len == Length)
+
+	FUA      bool // OpWrite/OpWriteZeroes: durable before Done
+	NoHole   bool // OpWriteZeroes: the range must stay allocated
+	FastZero bool // OpWriteZeroes: fail with backend.ErrNotFast rather than write slowly
+
+	// Err is set by the engine before Done is called.
+	Err error
+	// Done is called once when the request completes (Err says how).
+	Done func(*Request)
+
+	// Cookie and Ctx are for the submitter (e.g. the NBD handle and the
+	// connection); the engine never touches them.
+	Cookie uint64
+	Ctx    any
+}

@@ -1,0 +1,528 @@
+// Package volume is the volume store: a data directory holding one sparse
+// raw file per volume plus a JSON metadata file written atomically.
+//
+// Simplest use:
+//
+//	s, err := volume.Open("./vmsan-data")      // takes the directory lock
+//	defer s.Close()
+//	m, err := s.Create(volume.CreateOptions{Name: "vm1", Size: 20 << 30})
+//	path := s.RawPath("vm1")                   // hand to backend.OpenFile
+//
+// Layout of a data directory:
+//
+//	<dir>/vmsan.lock          flock(LOCK_EX) held by the owning process, holds its pid
+//	<dir>/volumes/<name>.raw  the volume's bytes, a sparse (thin) raw file
+//	<dir>/volumes/<name>.json metadata (Meta), replaced atomically
+//	<dir>/volumes/<name>.state/ optional per-volume state for other subsystems
+//	                          (replication bitmap, generations), see StateDir
+//
+// The metadata file is the commit point: a volume exists exactly when its
+// .json exists. A .raw without a .json is debris from a crash during Create
+// or Delete and is overwritten by the next Create of that name. If a crash
+// interrupts a resize, Open reconciles the raw file's length to the size in
+// the metadata (the new size was never advertised to a client before the
+// metadata was durable).
+//
+// Concurrency: all methods are safe for concurrent use; they are serialised
+// by one mutex. Only one process can open a data directory at a time
+// (ErrLocked otherwise). Coordination with exports is through Hooks: the
+// daemon tells the store whether a volume is in use and performs resizes on
+// the open backend.
+package volume
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/vmsan/vmsan/internal/atomicfile"
+	"github.com/vmsan/vmsan/internal/backend"
+)
+
+const (
+	rawExt   = ".raw"
+	metaExt  = ".json"
+	stateExt = ".state"
+
+	// LockFileName is the name of the data directory lock file.
+	LockFileName = "vmsan.lock"
+	// VolumesDir is the subdirectory holding volume files.
+	VolumesDir = "volumes"
+
+	// DefaultLogicalBlockSize and DefaultPhysicalBlockSize are used when
+	// CreateOptions leaves them zero. 512/4096 is what a modern "512e" disk
+	// reports and what QEMU assumes for a raw file.
+	DefaultLogicalBlockSize  = 512
+	DefaultPhysicalBlockSize = 4096
+
+	// MaxSize bounds a volume: 2^60 bytes (1 EiB) keeps every offset+length
+	// sum computed elsewhere far from int64 overflow.
+	MaxSize = 1 << 60
+
+	metaVersion = 1
+)
+
+// Errors returned by Store methods (test with errors.Is).
+var (
+	ErrNotFound = errors.New("no such volume")
+	ErrExists   = errors.New("volume already exists")
+	ErrInUse    = errors.New("volume is exported (connected clients); use force to override")
+	ErrShrink   = errors.New("shrinking a volume destroys data at its end; use force to override")
+	ErrLocked   = errors.New("data directory is in use by another vmsan process")
+	ErrBadSize  = errors.New("invalid volume size")
+)
+
+// Meta is a volume's persistent metadata.
+type Meta struct {
+	Version           int               `json:"version"`
+	Name              string            `json:"name"`
+	UUID              string            `json:"uuid"`
+	Size              int64             `json:"size"`
+	LogicalBlockSize  uint32            `json:"logical_block_size"`
+	PhysicalBlockSize uint32            `json:"physical_block_size"`
+	Cache             backend.CacheMode `json:"cache"`
+	Rotational        bool              `json:"rotational"`
+	ReadOnly          bool              `json:"read_only"`
+	Created           time.Time         `json:"created"`
+	Description       string            `json:"description,omitempty"`
+}
+
+// CreateOptions describes a new volume. Zero values get defaults: block
+// sizes 512/4096, cache writeback.
+type CreateOptions struct {
+	Name              string
+	Size              int64
+	LogicalBlockSize  uint32
+	PhysicalBlockSize uint32
+	Cache             backend.CacheMode
+	Rotational        bool
+	ReadOnly          bool
+	Description       string
+}
+
+// Hooks let the owner of the store (the daemon) take part in operations that
+// affect live exports.
+//
+// REQUIRES: hooks are called with the store's mutex held, so they must not
+// call Store methods, and must not block on anything that may be waiting for
+// the store.
+type Hooks struct {
+	// InUse reports whether a volume is currently exported to a client.
+	InUse func(name string) bool
+	// Resize, if set, performs the size change of the raw file (e.g. via the
+	// open backend so its cached size follows). If it returns handled=false
+	// the store truncates the file itself.
+	Resize func(name string, size int64) (handled bool, err error)
+}
+
+// Store is an open data directory.
+type Store struct {
+	dir  string
+	vdir string
+	lock *os.File
+
+	mu     sync.Mutex
+	hooks  Hooks
+	closed bool
+}
+
+// Open opens (creating if needed) the data directory dir and takes its lock.
+// It removes leftover temporary metadata files and reconciles raw file
+// lengths with the metadata.
+func Open(dir string) (*Store, error) {
+	if dir == "" {
+		return nil, errors.New("volume: empty data directory path")
+	}
+	vdir := filepath.Join(dir, VolumesDir)
+	if err := os.MkdirAll(vdir, 0o755); err != nil {
+		return nil, fmt.Errorf("volume: create data directory: %w", err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, LockFileName), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("volume: %w", err)
+	}
+	// flock, not a pid file: the kernel drops it when the process dies, so a
+	// crashed daemon never leaves the directory locked.
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(lf.Name())
+		lf.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			p := strings.TrimSpace(string(pid))
+			if p == "" {
+				p = "unknown"
+			}
+			return nil, fmt.Errorf("%w: %s (pid %s)", ErrLocked, dir, p)
+		}
+		return nil, fmt.Errorf("volume: lock %s: %w", lf.Name(), err)
+	}
+	lf.Truncate(0)
+	lf.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	s := &Store{dir: dir, vdir: vdir, lock: lf}
+	atomicfile.RemoveTemps(vdir)
+	if err := s.reconcile(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// reconcile makes every raw file as long as its metadata says (see package
+// doc) and recreates a missing raw file as a hole.
+func (s *Store) reconcile() error {
+	ms, err := s.list()
+	if err != nil {
+		return err
+	}
+	for _, m := range ms {
+		p := s.RawPath(m.Name)
+		st, err := os.Stat(p)
+		if err == nil && st.Size() == m.Size {
+			continue
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("volume %s: %w", m.Name, err)
+		}
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", m.Name, err)
+		}
+		err = f.Truncate(m.Size)
+		if err == nil {
+			err = f.Sync()
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("volume %s: reconcile size: %w", m.Name, err)
+		}
+	}
+	return nil
+}
+
+// Close releases the directory lock.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.lock.Close() // closing the fd drops the flock
+}
+
+// Dir is the data directory.
+func (s *Store) Dir() string { return s.dir }
+
+// SetHooks installs h, replacing earlier hooks.
+func (s *Store) SetHooks(h Hooks) {
+	s.mu.Lock()
+	s.hooks = h
+	s.mu.Unlock()
+}
+
+// RawPath is the raw data file of a volume (whether or not it exists).
+// REQUIRES: name passed ValidateName.
+func (s *Store) RawPath(name string) string { return filepath.Join(s.vdir, name+rawExt) }
+
+func (s *Store) metaPath(name string) string { return filepath.Join(s.vdir, name+metaExt) }
+
+// StateDir returns (creating it) a directory for other subsystems' per-volume
+// state, e.g. replication bitmaps. It is deleted with the volume.
+func (s *Store) StateDir(name string) (string, error) {
+	if err := ValidateName(name); err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.get(name); err != nil {
+		return "", err
+	}
+	d := filepath.Join(s.vdir, name+stateExt)
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return "", err
+	}
+	return d, nil
+}
+
+func checkSize(size int64, lbs uint32) error {
+	if size <= 0 {
+		return fmt.Errorf("%w: %d bytes (must be > 0)", ErrBadSize, size)
+	}
+	if size > MaxSize {
+		return fmt.Errorf("%w: %d bytes exceeds the maximum of 1 EiB", ErrBadSize, size)
+	}
+	if size%int64(lbs) != 0 {
+		return fmt.Errorf("%w: %d bytes is not a multiple of the logical block size %d", ErrBadSize, size, lbs)
+	}
+	return nil
+}
+
+func validBlockSize(n uint32) bool { return n >= 512 && n <= 64<<10 && n&(n-1) == 0 }
+
+// Create makes a new thin volume: a sparse raw file of o.Size bytes (no
+// blocks allocated) and its metadata.
+func (s *Store) Create(o CreateOptions) (Meta, error) {
+	if err := ValidateName(o.Name); err != nil {
+		return Meta{}, err
+	}
+	if o.LogicalBlockSize == 0 {
+		o.LogicalBlockSize = DefaultLogicalBlockSize
+	}
+	if o.PhysicalBlockSize == 0 {
+		o.PhysicalBlockSize = DefaultPhysicalBlockSize
+		if o.PhysicalBlockSize < o.LogicalBlockSize {
+			o.PhysicalBlockSize = o.LogicalBlockSize
+		}
+	}
+	if !validBlockSize(o.LogicalBlockSize) || !validBlockSize(o.PhysicalBlockSize) || o.PhysicalBlockSize < o.LogicalBlockSize {
+		return Meta{}, fmt.Errorf("volume: block sizes %d/%d: want powers of two in [512, 65536] with logical <= physical", o.LogicalBlockSize, o.PhysicalBlockSize)
+	}
+	if err := checkSize(o.Size, o.LogicalBlockSize); err != nil {
+		return Meta{}, err
+	}
+	cache, err := backend.ParseCacheMode(string(o.Cache))
+	if err != nil {
+		return Meta{}, err
+	}
+	m := Meta{
+		Version:           metaVersion,
+		Name:              o.Name,
+		UUID:              uuid.NewString(),
+		Size:              o.Size,
+		LogicalBlockSize:  o.LogicalBlockSize,
+		PhysicalBlockSize: o.PhysicalBlockSize,
+		Cache:             cache,
+		Rotational:        o.Rotational,
+		ReadOnly:          o.ReadOnly,
+		Created:           time.Now().UTC().Truncate(time.Second),
+		Description:       o.Description,
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return Meta{}, errors.New("volume: store closed")
+	}
+	if _, err := os.Stat(s.metaPath(o.Name)); err == nil {
+		return Meta{}, fmt.Errorf("%w: %s", ErrExists, o.Name)
+	}
+	// O_TRUNC: a raw file without metadata is crash debris (see package doc).
+	f, err := os.OpenFile(s.RawPath(o.Name), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, err)
+	}
+	// Truncate (ftruncate) extends with a hole: thin provisioning for free.
+	err = f.Truncate(o.Size)
+	if err == nil {
+		err = f.Sync()
+	}
+	f.Close()
+	if err != nil {
+		os.Remove(s.RawPath(o.Name))
+		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, err)
+	}
+	if err := s.writeMeta(m); err != nil {
+		os.Remove(s.RawPath(o.Name))
+		return Meta{}, err
+	}
+	return m, nil
+}
+
+func (s *Store) writeMeta(m Meta) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	if err := atomicfile.WriteFile(s.metaPath(m.Name), b, 0o644); err != nil {
+		return fmt.Errorf("volume %s: write metadata: %w", m.Name, err)
+	}
+	return nil
+}
+
+// maxMetaBytes bounds a metadata file read; real ones are ~400 bytes.
+const maxMetaBytes = 1 << 20
+
+func (s *Store) get(name string) (Meta, error) {
+	p := s.metaPath(name)
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Meta{}, fmt.Errorf("%w: %s", ErrNotFound, name)
+	}
+	if err != nil {
+		return Meta{}, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return Meta{}, err
+	}
+	if st.Size() > maxMetaBytes {
+		return Meta{}, fmt.Errorf("volume %s: metadata file %s is %d bytes, larger than the %d allowed", name, p, st.Size(), maxMetaBytes)
+	}
+	b := make([]byte, st.Size())
+	if _, err := f.ReadAt(b, 0); err != nil && st.Size() > 0 {
+		return Meta{}, err
+	}
+	var m Meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Meta{}, fmt.Errorf("volume %s: corrupt metadata %s: %w", name, p, err)
+	}
+	if m.Name != name {
+		return Meta{}, fmt.Errorf("volume %s: metadata %s names volume %q", name, p, m.Name)
+	}
+	if m.LogicalBlockSize == 0 || checkSize(m.Size, m.LogicalBlockSize) != nil {
+		return Meta{}, fmt.Errorf("volume %s: metadata %s has invalid size %d / block size %d", name, p, m.Size, m.LogicalBlockSize)
+	}
+	return m, nil
+}
+
+// Get returns a volume's metadata.
+func (s *Store) Get(name string) (Meta, error) {
+	if err := ValidateName(name); err != nil {
+		return Meta{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.get(name)
+}
+
+func (s *Store) list() ([]Meta, error) {
+	ents, err := os.ReadDir(s.vdir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Meta
+	for _, e := range ents {
+		n := e.Name()
+		if atomicfile.IsTemp(n) || !strings.HasSuffix(n, metaExt) || e.IsDir() {
+			continue
+		}
+		name := strings.TrimSuffix(n, metaExt)
+		if ValidateName(name) != nil {
+			continue // not ours
+		}
+		m, err := s.get(name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// List returns all volumes in name order.
+func (s *Store) List() ([]Meta, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.list()
+}
+
+// Resize changes a volume's size. Growing is always allowed (clients see the
+// new size when they reconnect: NBD has no resize notification). Shrinking
+// requires force.
+func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
+	if err := ValidateName(name); err != nil {
+		return Meta{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, err := s.get(name)
+	if err != nil {
+		return Meta{}, err
+	}
+	if err := checkSize(size, m.LogicalBlockSize); err != nil {
+		return Meta{}, err
+	}
+	if size == m.Size {
+		return m, nil
+	}
+	if size < m.Size && !force {
+		return Meta{}, fmt.Errorf("volume %s: %w (%d -> %d bytes)", name, ErrShrink, m.Size, size)
+	}
+	old := m
+	m.Size = size
+	// Metadata first: it is the commit point; Open reconciles the file.
+	if err := s.writeMeta(m); err != nil {
+		return Meta{}, err
+	}
+	handled := false
+	if s.hooks.Resize != nil {
+		handled, err = s.hooks.Resize(name, size)
+	}
+	if err == nil && !handled {
+		err = os.Truncate(s.RawPath(name), size)
+	}
+	if err != nil {
+		// Put the old size back so metadata and file agree again.
+		s.writeMeta(old)
+		return Meta{}, fmt.Errorf("volume %s: resize: %w", name, err)
+	}
+	return m, nil
+}
+
+// Update changes mutable metadata fields (cache mode, rotational, read-only,
+// description) through fn. Name, UUID, size, block sizes and creation time
+// cannot be changed this way. Open exports keep their old settings until the
+// volume is reopened.
+func (s *Store) Update(name string, fn func(*Meta) error) (Meta, error) {
+	if err := ValidateName(name); err != nil {
+		return Meta{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, err := s.get(name)
+	if err != nil {
+		return Meta{}, err
+	}
+	n := m
+	if err := fn(&n); err != nil {
+		return Meta{}, err
+	}
+	n.Name, n.UUID, n.Size, n.LogicalBlockSize, n.PhysicalBlockSize, n.Created, n.Version =
+		m.Name, m.UUID, m.Size, m.LogicalBlockSize, m.PhysicalBlockSize, m.Created, m.Version
+	if n.Cache, err = backend.ParseCacheMode(string(n.Cache)); err != nil {
+		return Meta{}, err
+	}
+	if err := s.writeMeta(n); err != nil {
+		return Meta{}, err
+	}
+	return n, nil
+}
+
+// Delete removes a volume and its data. It refuses (ErrInUse) while the
+// volume is exported, unless force.
+func (s *Store) Delete(name string, force bool) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.get(name); err != nil {
+		return err
+	}
+	if !force && s.hooks.InUse != nil && s.hooks.InUse(name) {
+		return fmt.Errorf("volume %s: %w", name, ErrInUse)
+	}
+	// Metadata first: once it is gone the volume does not exist, whatever
+	// else a crash leaves behind.
+	if err := os.Remove(s.metaPath(name)); err != nil {
+		return fmt.Errorf("volume %s: %w", name, err)
+	}
+	if err := atomicfile.SyncDir(s.vdir); err != nil {
+		return err
+	}
+	os.Remove(s.RawPath(name))
+	os.RemoveAll(filepath.Join(s.vdir, name+stateExt))
+	return nil
+}

@@ -1,0 +1,373 @@
+// Package config is vmsan's configuration: a YAML file, defaults for
+// everything, and validation with clear errors.
+//
+// Simplest use:
+//
+//	cfg := config.Default()                // what `vmsan serve` does with no file
+//	cfg, err := config.Load("vmsan.yaml")  // defaults, overlaid by the file
+//	// ... apply command-line flags to cfg fields ...
+//	err = cfg.Validate()
+//
+// Example file (every key is optional; unknown keys are errors, reported
+// with their line number):
+//
+//	data_dir: /var/lib/vmsan
+//	listen: ["0.0.0.0:10809", "unix:/run/vmsan/nbd.sock"]
+//	tls: {mode: required, cert: /etc/vmsan/server.pem, key: /etc/vmsan/server.key}
+//	metrics_listen: 127.0.0.1:9109
+//	log_level: info
+//	engine: {workers: 4, max_merge: 1M}
+//	volumes:
+//	  - name: vm1
+//	    size: 20G
+//	    cache: none
+//	    rotational: true
+//	    engine: {workers: 8}
+//
+// Sizes take units as described at volume.ParseSize (G = GiB).
+//
+// Concurrency: a Config is a plain value; do not mutate it while another
+// goroutine reads it.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/volume"
+)
+
+// Defaults of the embedded configuration (`vmsan serve` with no arguments).
+const (
+	DefaultDataDir       = "./vmsan-data"
+	DefaultListen        = "127.0.0.1:10809"
+	DefaultVolumeName    = "default"
+	DefaultVolumeSize    = 10 << 30
+	DefaultMaxPayload    = 32 << 20
+	DefaultEngineWorkers = 4
+	DefaultMaxMerge      = 1 << 20
+	DefaultMaxQueue      = 1024
+)
+
+// Size is a byte count that unmarshals from "20G" style strings or plain
+// integers.
+type Size int64
+
+// UnmarshalYAML accepts an integer or a string with a unit.
+func (s *Size) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: size must be a number or a string like 20G", n.Line)
+	}
+	v, err := volume.ParseSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %v", n.Line, err)
+	}
+	*s = Size(v)
+	return nil
+}
+
+// MarshalYAML writes the size with a unit where exact.
+func (s Size) MarshalYAML() (any, error) { return volume.FormatSize(int64(s)), nil }
+
+// Duration unmarshals from Go duration strings ("200us", "1ms").
+type Duration time.Duration
+
+// UnmarshalYAML parses a time.ParseDuration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %v", n.Line, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// TLS configures TLS on NBD listeners. Mode "off" (default), "optional"
+// (clients may STARTTLS) or "required" (every option but STARTTLS/ABORT is
+// refused before TLS).
+type TLS struct {
+	Mode string `yaml:"mode,omitempty"`
+	Cert string `yaml:"cert,omitempty"`
+	Key  string `yaml:"key,omitempty"`
+	// CA, if set, makes the server require and verify client certificates.
+	CA string `yaml:"ca,omitempty"`
+}
+
+// Engine holds I/O engine tuning. Zero fields inherit (volume from the
+// top-level engine section, top level from the built-in defaults).
+type Engine struct {
+	Workers     int      `yaml:"workers,omitempty"`
+	MaxMerge    Size     `yaml:"max_merge,omitempty"`
+	MaxQueue    int      `yaml:"max_queue,omitempty"`
+	GatherDelay Duration `yaml:"gather_delay,omitempty"`
+}
+
+// Merge returns e with zero fields taken from parent.
+func (e Engine) Merge(parent Engine) Engine {
+	if e.Workers == 0 {
+		e.Workers = parent.Workers
+	}
+	if e.MaxMerge == 0 {
+		e.MaxMerge = parent.MaxMerge
+	}
+	if e.MaxQueue == 0 {
+		e.MaxQueue = parent.MaxQueue
+	}
+	if e.GatherDelay == 0 {
+		e.GatherDelay = parent.GatherDelay
+	}
+	return e
+}
+
+// Volume declares a volume the daemon ensures exists at start. Settings of a
+// volume that already exists are taken from its metadata; Size, if larger,
+// grows it.
+type Volume struct {
+	Name        string `yaml:"name"`
+	Size        Size   `yaml:"size"`
+	Cache       string `yaml:"cache,omitempty"`
+	Rotational  bool   `yaml:"rotational,omitempty"`
+	ReadOnly    bool   `yaml:"read_only,omitempty"`
+	Description string `yaml:"description,omitempty"`
+	BlockSize   uint32 `yaml:"block_size,omitempty"` // logical block size
+	Engine      Engine `yaml:"engine,omitempty"`
+}
+
+// Config is the whole daemon configuration.
+type Config struct {
+	DataDir       string   `yaml:"data_dir,omitempty"`
+	Listen        []string `yaml:"listen,omitempty"`
+	TLS           TLS      `yaml:"tls,omitempty"`
+	MetricsListen string   `yaml:"metrics_listen,omitempty"`
+	Pprof         bool     `yaml:"pprof,omitempty"`
+	LogLevel      string   `yaml:"log_level,omitempty"`
+	MaxPayload    Size     `yaml:"max_payload,omitempty"`
+	Engine        Engine   `yaml:"engine,omitempty"`
+	Volumes       []Volume `yaml:"volumes,omitempty"`
+	// NoDefaultVolume stops the daemon from creating the 10 GiB "default"
+	// volume in an empty data directory.
+	NoDefaultVolume bool `yaml:"no_default_volume,omitempty"`
+}
+
+// Default returns the embedded configuration. Listen is empty here: the
+// daemon fills in DefaultListen and unix:<data_dir>/nbd.sock when no
+// listener is configured, so that the socket follows --data-dir.
+func Default() Config {
+	return Config{
+		DataDir:    DefaultDataDir,
+		LogLevel:   "info",
+		MaxPayload: DefaultMaxPayload,
+		TLS:        TLS{Mode: "off"},
+		Engine: Engine{
+			Workers:  DefaultEngineWorkers,
+			MaxMerge: DefaultMaxMerge,
+			MaxQueue: DefaultMaxQueue,
+		},
+	}
+}
+
+// maxConfigBytes bounds the config file read.
+const maxConfigBytes = 4 << 20
+
+// Load reads a YAML file over Default(). Unknown keys are errors.
+func Load(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	if len(b) > maxConfigBytes {
+		return Config{}, fmt.Errorf("config %s: larger than %d bytes", path, maxConfigBytes)
+	}
+	cfg, err := decode(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	// Relative paths in a file are relative to the file, not to the cwd of
+	// whoever starts the daemon.
+	base := filepath.Dir(path)
+	rel := func(p string) string {
+		if p == "" || filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(base, p)
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = DefaultDataDir
+	} else {
+		cfg.DataDir = rel(cfg.DataDir)
+	}
+	for i, l := range cfg.Listen {
+		if p, ok := strings.CutPrefix(l, "unix:"); ok {
+			cfg.Listen[i] = "unix:" + rel(p)
+		}
+	}
+	cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA = rel(cfg.TLS.Cert), rel(cfg.TLS.Key), rel(cfg.TLS.CA)
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Parse decodes YAML over Default() and validates the result.
+func Parse(b []byte) (Config, error) {
+	cfg, err := decode(b)
+	if err != nil {
+		return Config{}, err
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = DefaultDataDir
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// decode overlays b on Default() with DataDir left empty when the file does
+// not set it (so Load can tell "set in file" from "default").
+func decode(b []byte) (Config, error) {
+	cfg := Default()
+	cfg.DataDir = ""
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true) // a typo in a key must not be silently ignored
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// Validate checks every field and returns all problems found, one per line.
+func (c *Config) Validate() error {
+	var errs []string
+	add := func(f string, a ...any) { errs = append(errs, fmt.Sprintf(f, a...)) }
+	if c.DataDir == "" {
+		add("data_dir: must not be empty")
+	}
+	for _, l := range c.Listen {
+		if err := ValidateListen(l); err != nil {
+			add("listen %q: %v", l, err)
+		}
+	}
+	switch c.TLS.Mode {
+	case "", "off":
+		if c.TLS.Cert != "" || c.TLS.Key != "" {
+			// Certificates given without a mode: the user clearly wants TLS.
+			add("tls: cert/key given but mode is off; set mode: optional or required")
+		}
+	case "optional", "required":
+		if c.TLS.Cert == "" || c.TLS.Key == "" {
+			add("tls: mode %s needs both cert and key", c.TLS.Mode)
+		}
+	default:
+		add("tls.mode %q: want off, optional or required", c.TLS.Mode)
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			add("metrics_listen %q: %v", c.MetricsListen, err)
+		}
+	}
+	switch c.LogLevel {
+	case "", "debug", "info", "warn", "error":
+	default:
+		add("log_level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.MaxPayload != 0 && (c.MaxPayload < 4096 || c.MaxPayload > 1<<30) {
+		add("max_payload %d: want between 4K and 1G", c.MaxPayload)
+	}
+	validateEngine := func(where string, e Engine) {
+		if e.Workers < 0 || e.Workers > 1024 {
+			add("%sengine.workers %d: want 1..1024", where, e.Workers)
+		}
+		if e.MaxMerge < 0 || e.MaxMerge > 64<<20 {
+			add("%sengine.max_merge %d: want at most 64M", where, e.MaxMerge)
+		}
+		if e.MaxQueue < 0 || e.MaxQueue > 1<<20 {
+			add("%sengine.max_queue %d: want at most 1048576", where, e.MaxQueue)
+		}
+		if e.GatherDelay < 0 || time.Duration(e.GatherDelay) > time.Second {
+			add("%sengine.gather_delay %v: want 0..1s", where, time.Duration(e.GatherDelay))
+		}
+	}
+	validateEngine("", c.Engine)
+	seen := map[string]bool{}
+	for i, v := range c.Volumes {
+		where := fmt.Sprintf("volumes[%d]", i)
+		if err := volume.ValidateName(v.Name); err != nil {
+			add("%s.name: %v", where, err)
+		} else if seen[v.Name] {
+			add("%s.name %q: declared twice", where, v.Name)
+		}
+		seen[v.Name] = true
+		if v.Size <= 0 {
+			add("%s (%s).size: required and must be > 0", where, v.Name)
+		}
+		bs := v.BlockSize
+		if bs == 0 {
+			bs = volume.DefaultLogicalBlockSize
+		}
+		if bs < 512 || bs > 64<<10 || bs&(bs-1) != 0 {
+			add("%s (%s).block_size %d: want a power of two in [512, 65536]", where, v.Name, v.BlockSize)
+		} else if v.Size > 0 && int64(v.Size)%int64(bs) != 0 {
+			add("%s (%s).size %d: not a multiple of the block size %d", where, v.Name, v.Size, bs)
+		}
+		if _, err := backend.ParseCacheMode(v.Cache); err != nil {
+			add("%s (%s).cache: %v", where, v.Name, err)
+		}
+		validateEngine(where+".", v.Engine)
+	}
+	if len(errs) > 0 {
+		return errors.New("invalid configuration:\n  " + strings.Join(errs, "\n  "))
+	}
+	return nil
+}
+
+// ValidateListen checks one listener address: "host:port" (TCP) or
+// "unix:/path" (Unix socket).
+func ValidateListen(l string) error {
+	if p, ok := strings.CutPrefix(l, "unix:"); ok {
+		if p == "" {
+			return errors.New("empty socket path")
+		}
+		if len(p) > 107 { // sun_path is 108 bytes including the NUL
+			return fmt.Errorf("socket path is %d bytes; Unix sockets allow at most 107", len(p))
+		}
+		return nil
+	}
+	host, port, err := net.SplitHostPort(l)
+	if err != nil {
+		return fmt.Errorf("want HOST:PORT or unix:PATH: %v", err)
+	}
+	_ = host
+	if port == "" {
+		return errors.New("missing port")
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("bad port: %v", err)
+	}
+	return nil
+}
+
+// Listeners returns the listeners to open: the configured ones, or the
+// defaults (127.0.0.1:10809 and unix:<data_dir>/nbd.sock) when none is set.
+func (c *Config) Listeners() []string {
+	if len(c.Listen) > 0 {
+		return c.Listen
+	}
+	return []string{DefaultListen, "unix:" + filepath.Join(c.DataDir, "nbd.sock")}
+}
+
+// Marshal renders the configuration as YAML (for `vmsan serve --print-config`).
+func (c *Config) Marshal() ([]byte, error) { return yaml.Marshal(c) }

@@ -1,0 +1,148 @@
+package interop
+
+import (
+	"bufio"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// TestNbdcopyMultiConn copies a 1 GiB random file into the export over 4
+// connections (multi-conn) and back out, and compares SHA-256 checksums.
+func TestNbdcopyMultiConn(t *testing.T) {
+	// Not parallel: 1 GiB each way is the heaviest I/O in the package and
+	// would distort the other tests' timeouts on 2 cores.
+	need(t, "nbdcopy", "nbdinfo")
+	size := 1 * GiB
+	if testing.Short() {
+		size = 64 * MiB
+	}
+	tg := newTarget(t, size)
+	work := diskDir(t)
+
+	src := filepath.Join(work, "src.bin")
+	srcSum := writeRandomFile(t, src, size)
+	if !nbdinfoCan(t, "--can", "multi-conn", tg.uri()) {
+		t.Fatalf("server does not advertise multi-conn; nbdcopy would silently use one connection")
+	}
+
+	start := time.Now()
+	mustRun(t, 3*time.Minute, "nbdcopy", "--connections=4", "--flush", src, tg.uri())
+	in := time.Since(start)
+	dst := filepath.Join(work, "dst.bin")
+	start = time.Now()
+	mustRun(t, 3*time.Minute, "nbdcopy", "--connections=4", tg.uri(), dst)
+	out := time.Since(start)
+	t.Logf("nbdcopy %d MiB: in %v (%.0f MB/s), out %v (%.0f MB/s)", size/MiB,
+		in.Round(time.Millisecond), float64(size)/in.Seconds()/1e6,
+		out.Round(time.Millisecond), float64(size)/out.Seconds()/1e6)
+
+	dstSum := fileSHA256(t, dst)
+	if srcSum != dstSum {
+		t.Fatalf("sha256 mismatch: source %s, copied back %s", srcSum, dstSum)
+	}
+	if st, err := os.Stat(dst); err != nil || st.Size() != size {
+		t.Fatalf("copied-back file size %v (%v), want %d", st.Size(), err, size)
+	}
+}
+
+// writeRandomFile fills path with size random bytes and returns their hex
+// SHA-256.
+func writeRandomFile(t testing.TB, path string, size int64) string {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	w := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
+	if _, err := io.CopyN(w, rand.Reader, size); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func fileSHA256(t testing.TB, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// TestFioVerify: fio's nbd engine, random 4 KiB writes at QD32 over 256 MiB
+// with crc32c verification of every block afterwards.
+func TestFioVerify(t *testing.T) {
+	need(t, "fio")
+	size := 256 * MiB
+	if testing.Short() {
+		size = 32 * MiB
+	}
+	tg := newTarget(t, size)
+	args := []string{
+		"--name=verify", "--ioengine=nbd", "--uri=" + tg.uri(),
+		"--rw=randwrite", "--bs=4k", "--iodepth=32", fmt.Sprintf("--size=%d", size),
+		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_dump=0",
+		"--randrepeat=1", "--output-format=json",
+	}
+	r := runCmd(t, 4*time.Minute, "fio", args...)
+	if r.code != 0 {
+		t.Fatalf("fio exit %d\n%s\n%s", r.code, tail(r.stdout), tail(r.stderr))
+	}
+	var res struct {
+		Jobs []struct {
+			Error int `json:"error"`
+			Read  struct {
+				IOBytes int64   `json:"io_bytes"`
+				IOPS    float64 `json:"iops"`
+			} `json:"read"`
+			Write struct {
+				IOBytes int64   `json:"io_bytes"`
+				IOPS    float64 `json:"iops"`
+			} `json:"write"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(jsonStart(r.stdout)), &res); err != nil {
+		t.Fatalf("fio json: %v\n%s", err, tail(r.stdout))
+	}
+	if len(res.Jobs) != 1 {
+		t.Fatalf("fio: %d jobs in output", len(res.Jobs))
+	}
+	j := res.Jobs[0]
+	if j.Error != 0 {
+		t.Fatalf("fio job error %d\n%s", j.Error, r.stderr)
+	}
+	// Every block written once, then read back once for verification.
+	if j.Write.IOBytes != size || j.Read.IOBytes != size {
+		t.Fatalf("fio wrote %d and verified %d bytes, want %d each", j.Write.IOBytes, j.Read.IOBytes, size)
+	}
+	t.Logf("fio randwrite 4k QD32: %.0f IOPS; verify read %.0f IOPS", j.Write.IOPS, j.Read.IOPS)
+}
+
+// jsonStart skips any non-JSON preamble fio prints before its JSON object
+// (e.g. warnings on stdout).
+func jsonStart(s string) string {
+	for i, c := range s {
+		if c == '{' {
+			return s[i:]
+		}
+	}
+	return s
+}

@@ -1,0 +1,320 @@
+// Package server is vmsan's NBD server: the fixed-newstyle handshake (with
+// TLS) and the transmission phase over any net.Conn, serving the devices of
+// an export.Registry.
+//
+// Simplest use:
+//
+//	srv := server.New(server.Config{Registry: reg})
+//	l, _ := net.Listen("tcp", "127.0.0.1:10809")
+//	go srv.Serve(l)
+//	...
+//	srv.Shutdown(ctx) // stop accepting, finish in-flight requests, close
+//
+// Each connection runs a reader goroutine (parses requests, submits them to
+// the Device without waiting) and a writer goroutine (sends replies in
+// completion order, so replies are out of order with respect to requests).
+// In-flight requests and payload bytes per connection are bounded; when a
+// bound is reached the reader stops reading, which pushes back on the client
+// through TCP instead of growing memory.
+//
+// Concurrency: all Server methods are safe for concurrent use. Serve may be
+// called on several listeners at once (TCP and Unix sockets alike).
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/nbd/proto"
+)
+
+// TLSMode selects the spec's TLS mode of operation.
+type TLSMode int
+
+const (
+	// TLSOff is the spec's NOTLS mode: STARTTLS gets NBD_REP_ERR_POLICY.
+	TLSOff TLSMode = iota
+	// TLSOptional is SELECTIVETLS with no TLS-only export: clients may
+	// upgrade with STARTTLS but need not.
+	TLSOptional
+	// TLSRequired is FORCEDTLS: before STARTTLS only ABORT and STARTTLS are
+	// served; every other option gets NBD_REP_ERR_TLS_REQD.
+	TLSRequired
+)
+
+func (m TLSMode) String() string {
+	switch m {
+	case TLSOff:
+		return "off"
+	case TLSOptional:
+		return "optional"
+	case TLSRequired:
+		return "required"
+	}
+	return "unknown"
+}
+
+// Config configures a Server. Only Registry is required.
+type Config struct {
+	Registry  export.Registry
+	TLSConfig *tls.Config // required unless TLSMode is TLSOff
+	TLSMode   TLSMode
+	// MaxPayload bounds READ and WRITE lengths (default 32 MiB). Larger
+	// requests get NBD_EINVAL.
+	MaxPayload uint32
+	Logger     *slog.Logger
+
+	// MaxInflight bounds concurrently outstanding requests per connection
+	// (default 256).
+	MaxInflight int
+	// MaxInflightBytes bounds payload bytes held per connection (default
+	// 2*MaxPayload, at least MaxPayload).
+	MaxInflightBytes int64
+	// HandshakeTimeout bounds option haggling (default 30s), so a client
+	// that connects and says nothing cannot hold a goroutine forever.
+	HandshakeTimeout time.Duration
+	// StructuredReadHoles enables OFFSET_HOLE chunks for reads of at least
+	// this many bytes (default 64 KiB; smaller reads always send data,
+	// because asking the device for extents costs more than sending a
+	// few zeroes). Negative disables holes in reads.
+	StructuredReadHoles int
+}
+
+// Stats are cumulative counters (plus current gauges) for metrics.
+type Stats struct {
+	Accepted         uint64 // connections accepted
+	ActiveConns      int64  // connections currently open
+	HandshakeFails   uint64 // connections that ended before transmission
+	TLSHandshakes    uint64
+	Requests         [8]uint64 // by proto.Cmd (READ..BLOCK_STATUS)
+	ErrorReplies     uint64
+	BytesRead        uint64 // READ payload bytes sent
+	BytesWritten     uint64 // WRITE payload bytes received
+	ProtocolErrors   uint64 // connections closed for protocol violations
+	Panics           uint64 // recovered panics (each is a bug)
+	HoleChunks       uint64 // OFFSET_HOLE chunks sent
+	InflightRequests int64
+}
+
+type counters struct {
+	accepted, handshakeFails, tlsHandshakes, errorReplies atomic.Uint64
+	bytesRead, bytesWritten, protocolErrors, panics       atomic.Uint64
+	holeChunks                                            atomic.Uint64
+	requests                                              [8]atomic.Uint64
+	active, inflight                                      atomic.Int64
+}
+
+// Server serves NBD. Create with New.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	ctr counters
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	perExport map[string]int
+	closing   bool
+	connWG    sync.WaitGroup
+}
+
+// New returns a Server; it does not listen until Serve.
+func New(cfg Config) *Server {
+	if cfg.MaxPayload == 0 {
+		cfg.MaxPayload = proto.DefaultMaxPayload
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = 256
+	}
+	if cfg.MaxInflightBytes < int64(cfg.MaxPayload) {
+		if cfg.MaxInflightBytes == 0 {
+			cfg.MaxInflightBytes = 2 * int64(cfg.MaxPayload)
+		} else {
+			cfg.MaxInflightBytes = int64(cfg.MaxPayload)
+		}
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 30 * time.Second
+	}
+	if cfg.StructuredReadHoles == 0 {
+		cfg.StructuredReadHoles = 64 << 10
+	}
+	if cfg.TLSConfig == nil {
+		cfg.TLSMode = TLSOff
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{
+		cfg:       cfg,
+		log:       log,
+		listeners: map[net.Listener]struct{}{},
+		conns:     map[*conn]struct{}{},
+		perExport: map[string]int{},
+	}
+}
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("nbd server: closed")
+
+// Serve accepts connections on l until l is closed or Shutdown is called.
+// It returns ErrServerClosed after Shutdown, otherwise the accept error.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		l.Close()
+		return ErrServerClosed
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+	var delay time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Transient (e.g. EMFILE surfaces as temporary): back off
+				// rather than spin.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				time.Sleep(delay)
+				continue
+			}
+			return err
+		}
+		delay = 0
+		s.connWG.Add(1)
+		go func() {
+			defer s.connWG.Done()
+			s.ServeConn(context.Background(), c)
+		}()
+	}
+}
+
+// ServeConn serves one already-accepted connection and closes it when done.
+// It returns when the client disconnects, on a protocol error, when ctx is
+// cancelled, or after Shutdown drained it.
+func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
+	s.ctr.accepted.Add(1)
+	c := newConn(s, nc)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	s.ctr.active.Add(1)
+	defer func() {
+		s.ctr.active.Add(-1)
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+	stop := context.AfterFunc(ctx, c.stop)
+	defer stop()
+	c.serve()
+}
+
+// Shutdown stops accepting, stops reading new requests on every connection,
+// lets in-flight requests finish and their replies go out, then closes the
+// connections. If ctx expires first the remaining connections are closed
+// hard and ctx.Err() is returned.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for l := range s.listeners {
+		l.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.stop()
+	}
+	done := make(chan struct{})
+	go func() {
+		s.connWG.Wait()
+		for {
+			s.mu.Lock()
+			n := len(s.conns)
+			s.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			time.Sleep(5 * time.Millisecond) // ServeConn callers outside Serve
+		}
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		for c := range s.conns {
+			c.nc.Close()
+		}
+		s.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// Connections returns how many connections are in transmission phase on the
+// named export.
+func (s *Server) Connections(exportName string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.perExport[exportName]
+}
+
+func (s *Server) addExportConn(name string, d int) {
+	s.mu.Lock()
+	s.perExport[name] += d
+	if s.perExport[name] <= 0 {
+		delete(s.perExport, name)
+	}
+	s.mu.Unlock()
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	st := Stats{
+		Accepted:         s.ctr.accepted.Load(),
+		ActiveConns:      s.ctr.active.Load(),
+		HandshakeFails:   s.ctr.handshakeFails.Load(),
+		TLSHandshakes:    s.ctr.tlsHandshakes.Load(),
+		ErrorReplies:     s.ctr.errorReplies.Load(),
+		BytesRead:        s.ctr.bytesRead.Load(),
+		BytesWritten:     s.ctr.bytesWritten.Load(),
+		ProtocolErrors:   s.ctr.protocolErrors.Load(),
+		Panics:           s.ctr.panics.Load(),
+		HoleChunks:       s.ctr.holeChunks.Load(),
+		InflightRequests: s.ctr.inflight.Load(),
+	}
+	for i := range st.Requests {
+		st.Requests[i] = s.ctr.requests[i].Load()
+	}
+	return st
+}

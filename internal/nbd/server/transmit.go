@@ -1,0 +1,598 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime/debug"
+	"sync"
+	"syscall"
+
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/nbd/proto"
+)
+
+type opKind uint8
+
+const (
+	kindPlain       opKind = iota // reply without data (or an error)
+	kindRead                      // reply carries o.buf
+	kindBlockStatus               // the writer asks the device and replies
+)
+
+// op is one request in flight. ops are pooled per connection's lifetime
+// through opPool so that the steady state allocates nothing per request.
+type op struct {
+	c      *conn
+	req    proto.Request
+	kind   opKind
+	errno  proto.Errno
+	msg    string // reason for a protocol-level error (constant strings only)
+	bufp   *[]byte
+	nbytes int64 // payload bytes reserved against the connection's budget
+	// trimFUA: a TRIM with FUA is followed by a FLUSH before replying.
+	trimFUA bool
+	r       ioengine.Request
+	doneFn  func(*ioengine.Request)
+}
+
+var opPool = sync.Pool{New: func() any {
+	o := &op{}
+	o.doneFn = o.done
+	return o
+}}
+
+// txState is the per-connection transmission state shared by reader,
+// completions and writer.
+type txState struct {
+	replies chan *op      // completed ops, drained by the writer
+	slots   chan struct{} // one token per op in flight
+	wg      sync.WaitGroup
+
+	mu        sync.Mutex
+	cond      *sync.Cond
+	used      int64 // payload bytes held
+	limit     int64
+	maxP      uint32 // negotiated max payload (<= cfg.MaxPayload)
+	minB      uint64
+	holesFrom int
+	descs     []proto.BlockDescriptor // writer scratch
+	hdr       []byte                  // writer scratch
+	pieces    []piece                 // writer scratch
+}
+
+// reserve blocks until n payload bytes fit in the budget. A single request
+// larger than the whole budget is admitted when nothing else is held, so
+// progress is always possible.
+func (t *txState) reserve(n int64) {
+	t.mu.Lock()
+	for t.used > 0 && t.used+n > t.limit {
+		t.cond.Wait()
+	}
+	t.used += n
+	t.mu.Unlock()
+}
+
+func (t *txState) release(n int64) {
+	if n == 0 {
+		return
+	}
+	t.mu.Lock()
+	t.used -= n
+	t.mu.Unlock()
+	t.cond.Broadcast()
+}
+
+// discardLimit is the largest WRITE payload we skip (to answer EINVAL and
+// keep the stream in sync) rather than disconnect; the spec says payloads
+// up to 2^25 bytes should never be treated as a denial of service.
+func (c *conn) discardLimit() uint32 { return max(c.s.cfg.MaxPayload, proto.DefaultMaxPayload) }
+
+func (c *conn) transmit() {
+	cfg := &c.s.cfg
+	bs := c.blockSize()
+	t := &txState{
+		replies:   make(chan *op, cfg.MaxInflight),
+		slots:     make(chan struct{}, cfg.MaxInflight),
+		limit:     cfg.MaxInflightBytes,
+		maxP:      bs.Max,
+		minB:      uint64(bs.Min),
+		holesFrom: cfg.StructuredReadHoles,
+	}
+	t.cond = sync.NewCond(&t.mu)
+	c.tx = t
+	writerDone := make(chan struct{})
+	go c.writer(t, writerDone)
+
+	c.reader(t)
+
+	// Let everything submitted complete and be replied to before closing.
+	t.wg.Wait()
+	close(t.replies)
+	<-writerDone
+}
+
+func (c *conn) reader(t *txState) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.s.ctr.panics.Add(1)
+			c.log.Error("nbd: PANIC in request reader (bug)", "panic", r, "stack", string(debug.Stack()))
+		}
+	}()
+	br := bufio.NewReaderSize(c.rw, 64<<10)
+	var hdr [proto.RequestSize]byte
+	for !c.isStopped() {
+		if _, err := io.ReadFull(br, hdr[:]); err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, net.ErrClosed) {
+				c.log.Debug("nbd: read request", "err", err)
+			}
+			return
+		}
+		req, err := proto.ParseRequest(hdr[:])
+		if err != nil {
+			// Garbage: the stream cannot be resynchronised. Close cleanly
+			// after replying to what is in flight.
+			c.s.ctr.protocolErrors.Add(1)
+			c.log.Warn("nbd: bad request, closing connection", "err", err)
+			return
+		}
+		if req.Type == proto.CmdDisc {
+			c.s.ctr.requests[proto.CmdDisc].Add(1)
+			return
+		}
+		if req.Type == proto.CmdWrite && req.Length > c.discardLimit() {
+			c.s.ctr.protocolErrors.Add(1)
+			c.log.Warn("nbd: write payload too large, disconnecting", "length", req.Length)
+			return
+		}
+		t.slots <- struct{}{}
+		t.wg.Add(1)
+		c.s.ctr.inflight.Add(1)
+		o := opPool.Get().(*op)
+		o.c, o.req, o.kind, o.errno, o.msg = c, req, kindPlain, 0, ""
+		if int(req.Type) < len(c.s.ctr.requests) {
+			c.s.ctr.requests[req.Type].Add(1)
+		}
+		o.errno, o.msg = c.check(t, req)
+		if req.Type == proto.CmdWrite {
+			if !c.readPayload(t, br, o) {
+				c.finish(t, o)
+				return
+			}
+		}
+		if o.errno != 0 {
+			t.replies <- o
+			continue
+		}
+		c.dispatch(t, o)
+	}
+}
+
+// readPayload reads (or, for a request already failed, discards) a WRITE
+// payload. REQUIRES: o.req.Length <= c.discardLimit().
+func (c *conn) readPayload(t *txState, br *bufio.Reader, o *op) bool {
+	n := int64(o.req.Length)
+	if o.errno != 0 {
+		_, err := br.Discard(int(n))
+		return err == nil
+	}
+	// INVARIANT: n <= t.maxP here (check() failed the request otherwise),
+	// so the allocation is bounded by the configured max payload.
+	t.reserve(n)
+	o.nbytes = n
+	o.bufp = getBuf(int(n))
+	if _, err := io.ReadFull(br, *o.bufp); err != nil {
+		return false
+	}
+	c.s.ctr.bytesWritten.Add(uint64(n))
+	return true
+}
+
+// Messages for protocol-level errors (constants, so no allocation).
+const (
+	msgUnknownCmd = "unknown command"
+	msgBadFlags   = "command flag not valid for this command or not negotiated"
+	msgReadOnly   = "export is read-only"
+	msgOverflow   = "offset+length overflows"
+	msgBeyondEnd  = "offset+length beyond export size"
+	msgMisaligned = "offset or length not a multiple of the minimum block size"
+	msgTooLong    = "length exceeds maximum payload"
+	msgNoContext  = "base:allocation metadata context not negotiated"
+	msgZeroLength = "zero length"
+)
+
+// check validates a request against the spec and the negotiated state.
+func (c *conn) check(t *txState, req proto.Request) (proto.Errno, string) {
+	allowed := proto.CmdFlagFUA
+	write := false
+	switch req.Type {
+	case proto.CmdRead:
+		if c.structured {
+			allowed |= proto.CmdFlagDF
+		}
+	case proto.CmdWrite, proto.CmdTrim:
+		write = true
+	case proto.CmdWriteZeroes:
+		write = true
+		allowed |= proto.CmdFlagNoHole | proto.CmdFlagFastZero
+	case proto.CmdBlockStatus:
+		if !c.blockStat {
+			return proto.EINVAL, msgNoContext
+		}
+		allowed |= proto.CmdFlagReqOne
+	case proto.CmdFlush, proto.CmdCache:
+	default:
+		return proto.EINVAL, msgUnknownCmd
+	}
+	if req.Flags&^allowed != 0 {
+		return proto.EINVAL, msgBadFlags
+	}
+	if write && c.info.ReadOnly {
+		return proto.EPERM, msgReadOnly
+	}
+	if req.Type == proto.CmdFlush {
+		return 0, ""
+	}
+	off, n := req.Offset, uint64(req.Length)
+	end := off + n
+	if end < off {
+		return proto.EINVAL, msgOverflow
+	}
+	if end > uint64(c.info.Size) {
+		if write {
+			return proto.ENOSPC, msgBeyondEnd
+		}
+		return proto.EINVAL, msgBeyondEnd
+	}
+	if off%t.minB != 0 || n%t.minB != 0 {
+		return proto.EINVAL, msgMisaligned
+	}
+	switch req.Type {
+	case proto.CmdRead, proto.CmdWrite:
+		if req.Length > t.maxP {
+			return proto.EINVAL, msgTooLong
+		}
+	case proto.CmdBlockStatus:
+		if n == 0 {
+			return proto.EINVAL, msgZeroLength
+		}
+	}
+	return 0, ""
+}
+
+func (c *conn) dispatch(t *txState, o *op) {
+	req := o.req
+	r := &o.r
+	*r = ioengine.Request{Offset: int64(req.Offset), Length: int64(req.Length), Done: o.doneFn, Ctx: o, Cookie: req.Cookie}
+	switch req.Type {
+	case proto.CmdRead:
+		if req.Length == 0 {
+			o.kind = kindRead
+			t.replies <- o
+			return
+		}
+		o.kind = kindRead
+		n := int64(req.Length)
+		t.reserve(n)
+		o.nbytes = n
+		o.bufp = getBuf(int(n))
+		r.Op, r.Data = ioengine.OpRead, *o.bufp
+	case proto.CmdWrite:
+		if req.Length == 0 {
+			t.replies <- o
+			return
+		}
+		r.Op, r.Data, r.FUA = ioengine.OpWrite, *o.bufp, req.Flags&proto.CmdFlagFUA != 0
+	case proto.CmdFlush:
+		r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
+	case proto.CmdTrim:
+		if req.Length == 0 {
+			t.replies <- o
+			return
+		}
+		r.Op = ioengine.OpTrim
+		o.trimFUA = req.Flags&proto.CmdFlagFUA != 0
+	case proto.CmdCache:
+		if req.Length == 0 {
+			t.replies <- o
+			return
+		}
+		r.Op = ioengine.OpCache
+	case proto.CmdWriteZeroes:
+		if req.Length == 0 {
+			t.replies <- o
+			return
+		}
+		r.Op = ioengine.OpWriteZeroes
+		r.FUA = req.Flags&proto.CmdFlagFUA != 0
+		r.NoHole = req.Flags&proto.CmdFlagNoHole != 0
+		r.FastZero = req.Flags&proto.CmdFlagFastZero != 0
+	case proto.CmdBlockStatus:
+		// Answered by the writer (Device.Extents is synchronous); every
+		// write replied to before this request arrived has completed, so
+		// the answer reflects it.
+		o.kind = kindBlockStatus
+		t.replies <- o
+		return
+	}
+	c.dev.Submit(r)
+}
+
+// done is the engine completion callback. It must not block: it only
+// hands the op to the writer (the replies channel has room for every op
+// in flight).
+func (o *op) done(r *ioengine.Request) {
+	if r.Err == nil && o.trimFUA {
+		o.trimFUA = false
+		r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
+		o.c.dev.Submit(r)
+		return
+	}
+	if r.Err != nil {
+		o.errno = toErrno(r.Err)
+	}
+	o.c.tx.replies <- o
+}
+
+// finish releases everything an op holds. Called once per op, by the
+// writer (or by the reader for an op that never got queued).
+func (c *conn) finish(t *txState, o *op) {
+	if o.bufp != nil {
+		putBuf(o.bufp)
+		o.bufp = nil
+	}
+	t.release(o.nbytes)
+	o.nbytes = 0
+	o.trimFUA = false
+	o.r = ioengine.Request{}
+	o.c = nil
+	opPool.Put(o)
+	c.s.ctr.inflight.Add(-1)
+	<-t.slots
+	t.wg.Done()
+}
+
+// toErrno maps an engine/backend error onto the spec's error values.
+func toErrno(err error) proto.Errno {
+	var e proto.Errno
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, backend.ErrNotFast):
+		return proto.ENOTSUP
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		return proto.ENOSPC
+	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EACCES):
+		return proto.EPERM
+	case errors.Is(err, syscall.EINVAL):
+		return proto.EINVAL
+	case errors.Is(err, syscall.ENOMEM):
+		return proto.ENOMEM
+	case errors.Is(err, syscall.EOPNOTSUPP):
+		return proto.ENOTSUP
+	}
+	return proto.EIO
+}
+
+// ---- writer ----------------------------------------------------------------
+
+type piece struct {
+	off, n uint64
+	hole   bool
+}
+
+func (c *conn) writer(t *txState, done chan struct{}) {
+	defer close(done)
+	bw := bufio.NewWriterSize(c.rw, 256<<10)
+	broken := false
+	defer func() {
+		if r := recover(); r != nil {
+			c.s.ctr.panics.Add(1)
+			c.log.Error("nbd: PANIC in reply writer (bug)", "panic", r, "stack", string(debug.Stack()))
+			c.nc.Close()
+			for o := range t.replies {
+				c.finish(t, o)
+			}
+		}
+	}()
+	for o := range t.replies {
+		if !broken {
+			err := c.writeReply(t, bw, o)
+			// Batch replies: flush only when nothing else is ready.
+			if err == nil && len(t.replies) == 0 {
+				err = bw.Flush()
+			}
+			if err != nil {
+				broken = true
+				c.log.Debug("nbd: write reply", "err", err)
+				c.nc.Close() // unblocks the reader; remaining ops are only released
+			}
+		}
+		c.finish(t, o)
+	}
+	if !broken {
+		bw.Flush()
+	}
+}
+
+var zeroPage [64 << 10]byte
+
+func isZero(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), len(zeroPage))
+		if !bytes.Equal(b[:n], zeroPage[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
+}
+
+func (c *conn) writeReply(t *txState, bw *bufio.Writer, o *op) error {
+	req := o.req
+	h := t.hdr[:0]
+	if o.errno != 0 {
+		c.s.ctr.errorReplies.Add(1)
+	}
+	switch {
+	case o.kind == kindBlockStatus:
+		if o.errno == 0 {
+			h = c.blockStatus(t, h, o)
+		} else {
+			h = proto.AppendErrorChunk(h, proto.ReplyFlagDone, req.Cookie, o.errno, o.msg)
+		}
+		t.hdr = h
+		_, err := bw.Write(h)
+		return err
+	case o.kind == kindRead && c.structured:
+		if o.errno != 0 {
+			h = proto.AppendErrorChunk(h, proto.ReplyFlagDone, req.Cookie, o.errno, o.msg)
+			t.hdr = h
+			_, err := bw.Write(h)
+			return err
+		}
+		return c.structuredRead(t, bw, o)
+	}
+	h = proto.AppendSimpleReply(h, proto.SimpleReply{Error: o.errno, Cookie: req.Cookie})
+	t.hdr = h
+	if _, err := bw.Write(h); err != nil {
+		return err
+	}
+	if o.kind == kindRead && o.errno == 0 && o.bufp != nil {
+		c.s.ctr.bytesRead.Add(uint64(len(*o.bufp)))
+		_, err := bw.Write(*o.bufp)
+		return err
+	}
+	return nil
+}
+
+func (c *conn) structuredRead(t *txState, bw *bufio.Writer, o *op) error {
+	req := o.req
+	var data []byte
+	if o.bufp != nil {
+		data = *o.bufp
+	}
+	if len(data) == 0 {
+		t.hdr = proto.AppendNoneChunk(t.hdr[:0], req.Cookie)
+		_, err := bw.Write(t.hdr)
+		return err
+	}
+	ps := t.pieces[:0]
+	if req.Flags&proto.CmdFlagDF == 0 && t.holesFrom >= 0 && len(data) >= t.holesFrom {
+		ps = c.readPieces(ps, req.Offset, data)
+	}
+	if len(ps) == 0 {
+		ps = append(ps, piece{off: req.Offset, n: uint64(len(data))})
+	}
+	t.pieces = ps
+	c.s.ctr.bytesRead.Add(uint64(len(data)))
+	for i, p := range ps {
+		var fl uint16
+		if i == len(ps)-1 {
+			fl = proto.ReplyFlagDone
+		}
+		rel := p.off - req.Offset
+		if p.hole {
+			c.s.ctr.holeChunks.Add(1)
+			t.hdr = proto.AppendOffsetHole(t.hdr[:0], fl, req.Cookie, p.off, uint32(p.n))
+			if _, err := bw.Write(t.hdr); err != nil {
+				return err
+			}
+			continue
+		}
+		t.hdr = proto.AppendOffsetDataHeader(t.hdr[:0], fl, req.Cookie, p.off, uint32(p.n))
+		if _, err := bw.Write(t.hdr); err != nil {
+			return err
+		}
+		if _, err := bw.Write(data[rel : rel+p.n]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readPieces splits a completed read into data and hole pieces using the
+// device's extents. A range is sent as a hole only if the bytes actually
+// read are all zero, so a stale extent answer (a write racing with the
+// read) can never make the client see zeroes instead of data.
+func (c *conn) readPieces(ps []piece, off uint64, data []byte) []piece {
+	exts, err := c.dev.Extents(int64(off), int64(len(data)))
+	if err != nil {
+		return ps[:0]
+	}
+	end := off + uint64(len(data))
+	for _, e := range exts {
+		s, f := max(uint64(e.Offset), off), min(uint64(e.Offset+e.Length), end)
+		if e.Length <= 0 || f <= s {
+			continue
+		}
+		hole := e.Zero && f-s >= 4096 && isZero(data[s-off:f-off])
+		if n := len(ps); n > 0 && ps[n-1].hole == hole && ps[n-1].off+ps[n-1].n == s {
+			ps[n-1].n += f - s
+			continue
+		}
+		if n := len(ps); n > 0 && ps[n-1].off+ps[n-1].n != s {
+			return ps[:0] // extents with gaps: do not trust them
+		}
+		ps = append(ps, piece{off: s, n: f - s, hole: hole})
+	}
+	if len(ps) == 0 || ps[0].off != off || ps[len(ps)-1].off+ps[len(ps)-1].n != end {
+		return ps[:0]
+	}
+	return ps
+}
+
+// blockStatus builds the BLOCK_STATUS reply (or an error chunk) into h.
+func (c *conn) blockStatus(t *txState, h []byte, o *op) []byte {
+	req := o.req
+	off, end := req.Offset, req.Offset+uint64(req.Length)
+	exts, err := c.dev.Extents(int64(off), int64(req.Length))
+	if err != nil {
+		c.s.ctr.errorReplies.Add(1)
+		return proto.AppendErrorChunk(h, proto.ReplyFlagDone, req.Cookie, toErrno(err), "extents")
+	}
+	ds := t.descs[:0]
+	pos := off
+	for _, e := range exts {
+		s, f := max(uint64(e.Offset), pos), min(uint64(e.Offset+e.Length), end)
+		if e.Length <= 0 || f <= s || s != pos {
+			if s > pos {
+				break // gap: stop here, the client asks again from there
+			}
+			continue
+		}
+		var fl uint32
+		if e.Hole {
+			fl |= proto.StateHole
+		}
+		if e.Zero {
+			fl |= proto.StateZero
+		}
+		if n := len(ds); n > 0 && ds[n-1].Flags == fl {
+			ds[n-1].Length += uint32(f - s)
+		} else {
+			if len(ds) == proto.MaxBlockStatusDescriptors {
+				break
+			}
+			ds = append(ds, proto.BlockDescriptor{Length: uint32(f - s), Flags: fl})
+		}
+		pos = f
+		if req.Flags&proto.CmdFlagReqOne != 0 && len(ds) == 1 {
+			// Keep merging equal extents into the single descriptor.
+			continue
+		}
+	}
+	if req.Flags&proto.CmdFlagReqOne != 0 && len(ds) > 1 {
+		ds = ds[:1]
+	}
+	if len(ds) == 0 {
+		// The spec: at least one descriptor; status 0 is always safe.
+		ds = append(ds, proto.BlockDescriptor{Length: req.Length, Flags: 0})
+	}
+	t.descs = ds
+	return proto.AppendBlockStatus(h, proto.ReplyFlagDone, req.Cookie, metaContextID, ds)
+}

@@ -1,0 +1,211 @@
+package repl
+
+import "fmt"
+
+// Role is a node's role for one volume.
+type Role uint8
+
+const (
+	Secondary Role = iota // receives the stream; refuses client writes
+	Primary               // serves clients read-write, sends the stream
+)
+
+func (r Role) String() string {
+	if r == Primary {
+		return "Primary"
+	}
+	return "Secondary"
+}
+
+// DiskState is DRBD's disk state of the local replica.
+type DiskState uint8
+
+const (
+	Diskless     DiskState = iota // no usable local data (e.g. detached after an I/O error)
+	Inconsistent                  // mid-resync target or never synced: not usable on its own
+	Outdated                      // consistent, but known to be older than the peer
+	UpToDate                      // consistent and (as far as we know) newest
+)
+
+func (d DiskState) String() string {
+	switch d {
+	case Diskless:
+		return "Diskless"
+	case Inconsistent:
+		return "Inconsistent"
+	case Outdated:
+		return "Outdated"
+	case UpToDate:
+		return "UpToDate"
+	}
+	return fmt.Sprintf("DiskState(%d)", d)
+}
+
+// ParseDiskState is the inverse of DiskState.String.
+func ParseDiskState(s string) (DiskState, bool) {
+	for d := Diskless; d <= UpToDate; d++ {
+		if d.String() == s {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+// ConnState is DRBD's connection state.
+type ConnState uint8
+
+const (
+	StandAlone   ConnState = iota // not trying to connect (admin, split brain, unrelated data)
+	Connecting                    // waiting for the transport (WFConnection)
+	Handshake                     // transport up, exchanging Hello and bitmaps (WFReportParams)
+	Connected                     // in sync, replicating
+	SyncSource                    // replicating and sending resync data
+	SyncTarget                    // replicating and receiving resync data
+	VerifySource                  // online verify, we compare
+	VerifyTarget                  // online verify, peer compares
+)
+
+func (c ConnState) String() string {
+	switch c {
+	case StandAlone:
+		return "StandAlone"
+	case Connecting:
+		return "Connecting"
+	case Handshake:
+		return "Handshake"
+	case Connected:
+		return "Connected"
+	case SyncSource:
+		return "SyncSource"
+	case SyncTarget:
+		return "SyncTarget"
+	case VerifySource:
+		return "VerifySource"
+	case VerifyTarget:
+		return "VerifyTarget"
+	}
+	return fmt.Sprintf("ConnState(%d)", c)
+}
+
+// up reports whether the peer receives the replication stream in this state.
+func (c ConnState) up() bool { return c >= Connected }
+
+// Protocol is the replication protocol: when a write is acknowledged.
+type Protocol uint8
+
+const (
+	ProtoC Protocol = iota // durable on both (default)
+	ProtoA                 // locally durable and handed to the send path
+	ProtoB                 // locally durable and received (in memory) by the peer
+)
+
+func (p Protocol) String() string { return [...]string{"C", "A", "B"}[p%3] }
+
+// ParseProtocol accepts "A", "B", "C" (empty means C).
+func ParseProtocol(s string) (Protocol, error) {
+	switch s {
+	case "", "C", "c":
+		return ProtoC, nil
+	case "A", "a":
+		return ProtoA, nil
+	case "B", "b":
+		return ProtoB, nil
+	}
+	return 0, fmt.Errorf("repl: unknown protocol %q (want A, B or C)", s)
+}
+
+// SplitBrainPolicy says what to do when the handshake finds split brain.
+type SplitBrainPolicy uint8
+
+const (
+	// SBDisconnect (default) never resolves: both go StandAlone and report.
+	SBDisconnect SplitBrainPolicy = iota
+	// SBDiscardZeroChanges: if exactly one side wrote nothing since the
+	// split, it becomes sync target; otherwise disconnect.
+	SBDiscardZeroChanges
+	// SBDiscardYoungerPrimary: the side promoted most recently is discarded.
+	SBDiscardYoungerPrimary
+	// SBDiscardLeastChanges: the side with fewer changed blocks is discarded
+	// (ties broken by node id).
+	SBDiscardLeastChanges
+)
+
+var sbNames = [...]string{"disconnect", "discard-zero-changes", "discard-younger-primary", "discard-least-changes"}
+
+func (p SplitBrainPolicy) String() string {
+	if int(p) < len(sbNames) {
+		return sbNames[p]
+	}
+	return fmt.Sprintf("SplitBrainPolicy(%d)", p)
+}
+
+// ParseSplitBrainPolicy parses the drbd.conf-style names.
+func ParseSplitBrainPolicy(s string) (SplitBrainPolicy, error) {
+	if s == "" {
+		return SBDisconnect, nil
+	}
+	for i, n := range sbNames {
+		if n == s {
+			return SplitBrainPolicy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("repl: unknown split-brain policy %q", s)
+}
+
+// Generations are DRBD's generation identifiers ("UUIDs"). Current names the
+// data generation we hold; Bitmap is the generation our dirty bitmap is
+// relative to (0 when we track nothing); History holds older generations.
+// 0 in Current means "just created, never written as a replica".
+type Generations struct {
+	Current uint64
+	Bitmap  uint64
+	History [2]uint64
+}
+
+func (g Generations) String() string {
+	return fmt.Sprintf("%x:%x:%x:%x", g.Current, g.Bitmap, g.History[0], g.History[1])
+}
+
+func (g Generations) inHistory(u uint64) bool {
+	return u != 0 && (g.History[0] == u || g.History[1] == u)
+}
+
+// pushHistory shifts u into History.
+func (g *Generations) pushHistory(u uint64) {
+	if u == 0 {
+		return
+	}
+	g.History[1] = g.History[0]
+	g.History[0] = u
+}
+
+// newCurrent starts a new data generation (we are about to write without
+// the peer): the old one becomes the bitmap base if we were not tracking yet.
+func (g *Generations) newCurrent(u uint64) {
+	if g.Bitmap == 0 {
+		g.Bitmap = g.Current
+	} else {
+		g.pushHistory(g.Current)
+	}
+	g.Current = u
+}
+
+// Meta is the state of a Node that must survive restarts. The driver writes
+// it atomically (temp file, fsync, rename, fsync dir) whenever Ready.Persist
+// carries it.
+type Meta struct {
+	NodeID uint64
+	Gens   Generations
+	Role   Role
+	Disk   DiskState
+	// CrashedPrimary is set while we are primary and cleared on a clean
+	// demote/shutdown. Found set at start-up it means the activity log's
+	// extents may differ from the peer and must be resynced.
+	CrashedPrimary bool
+	// PromotedAt is the wall time (driver-supplied, unix ns) of the last
+	// promotion; used by discard-younger-primary.
+	PromotedAt int64
+	// Clean is true when the bitmap on disk is complete (clean shutdown).
+	// When false, the activity log's extents are added to the bitmap at start.
+	Clean bool
+}

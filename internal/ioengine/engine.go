@@ -1,0 +1,771 @@
+package ioengine
+
+import (
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/backend"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultWorkers       = 4
+	DefaultMaxMergeBytes = 1 << 20
+	DefaultMaxQueue      = 512
+	DefaultGatherDelay   = 300 * time.Microsecond
+)
+
+// maxRunItems bounds the requests in one merged run, so one vectored call
+// never needs more iovecs than the kernel's IOV_MAX.
+const maxRunItems = 1024
+
+// recentWrites is how many recent write ranges the gathering policy
+// remembers to recognise a sequential stream.
+const recentWrites = 32
+
+// qdWindow is the period over which the engine measures the submitters'
+// queue depth (see the package doc).
+const qdWindow = int64(10 * time.Millisecond)
+
+// Config tunes an Engine. Zero fields take the defaults above.
+type Config struct {
+	// Workers is the number of goroutines calling the backend, i.e. the
+	// maximum number of concurrent backend calls. Default 4.
+	Workers int
+	// MaxMergeBytes caps a merged run (one backend call). A single request
+	// larger than this still goes through alone. 1 disables merging.
+	// Default 1 MiB.
+	MaxMergeBytes int64
+	// MaxQueue bounds requests submitted and not yet completed; Submit
+	// blocks when it is reached (backpressure), so memory stays bounded.
+	// Default 512.
+	MaxQueue int
+	// GatherDelay is the longest a sequential write may be held back to be
+	// merged with the writes following it. Negative disables gathering.
+	// Default 300µs.
+	GatherDelay time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Workers <= 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.MaxMergeBytes <= 0 {
+		c.MaxMergeBytes = DefaultMaxMergeBytes
+	}
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = DefaultMaxQueue
+	}
+	if c.GatherDelay == 0 {
+		c.GatherDelay = DefaultGatherDelay
+	}
+	if c.GatherDelay < 0 {
+		c.GatherDelay = 0
+	}
+	return c
+}
+
+// ErrClosed fails requests submitted after Close.
+var ErrClosed = fmt.Errorf("ioengine: engine closed: %w", syscall.ESHUTDOWN)
+
+// ErrInvalid fails malformed requests (unknown op, negative range, Data
+// length not matching Length).
+var ErrInvalid = fmt.Errorf("ioengine: invalid request: %w", syscall.EINVAL)
+
+// item is the engine's bookkeeping for one request. Items are recycled
+// through a free list so the hot path does not allocate.
+type item struct {
+	r        *Request
+	op       Op
+	off, end int64
+	writes   bool // modifies data (write, trim, write-zeroes)
+	fua      bool
+	near     bool // close to a recent write: candidate for gathering
+
+	deps       int     // unfinished earlier items this one must wait for
+	dependents []*item // items waiting for this one
+
+	oprev, onext *item // outstanding list (submission order)
+	rprev, rnext *item // ready list (FIFO)
+	ready        bool
+	inMaps       bool  // indexed by start/end for merging
+	holdUntil    int64 // gathering deadline (engine clock); 0 = not held
+	mark         uint64
+	submitted    int64
+	bnext        *item // next in the batch being executed
+	err          error
+}
+
+type span struct{ off, end int64 }
+
+// Engine queues, orders, merges and executes Requests against a Backend.
+// See the package documentation.
+type Engine struct {
+	b      backend.Backend
+	cfg    Config
+	gather int64
+	t0     time.Time
+
+	mu        sync.Mutex
+	workCond  sync.Cond // workers wait for work
+	spaceCond sync.Cond // Submit waits for queue space; Close for drain
+
+	outstanding      int
+	outHead, outTail *item
+	readyHead        *item
+	readyTail        *item
+	nready           int
+	rdByStart        map[int64]*item
+	rdByEnd          map[int64]*item
+	wrByStart        map[int64]*item
+	wrByEnd          map[int64]*item
+	free             *item
+	idle             int
+	spaceWaiters     int
+	closing, stopped bool
+	epoch            uint64
+
+	timer   *time.Timer
+	timerAt int64
+
+	winStart          int64
+	curPeak, prevPeak int
+	recent            [recentWrites]span
+	recentPos         int
+
+	st        statsState
+	wg        sync.WaitGroup
+	doChans   sync.Pool
+	closeErr  error
+	closeDone chan struct{}
+}
+
+type statsState struct {
+	requests, backendOps       OpCounts
+	rejected, errors           uint64
+	bytesRead, bytesWritten    uint64
+	merged, held               uint64
+	maxQueue, inflight, maxInF int
+	latency, wsizes, rsizes    logHist
+}
+
+// New starts an Engine over b. The Engine does not own b: Close drains and
+// syncs but does not close the backend.
+func New(b backend.Backend, cfg Config) *Engine {
+	cfg = cfg.withDefaults()
+	e := &Engine{
+		b:         b,
+		cfg:       cfg,
+		gather:    int64(cfg.GatherDelay),
+		t0:        time.Now(),
+		rdByStart: make(map[int64]*item),
+		rdByEnd:   make(map[int64]*item),
+		wrByStart: make(map[int64]*item),
+		wrByEnd:   make(map[int64]*item),
+		closeDone: make(chan struct{}),
+	}
+	e.workCond.L = &e.mu
+	e.spaceCond.L = &e.mu
+	e.doChans.New = func() any { return make(chan struct{}, 1) }
+	e.st.latency = newLogHist(10, 34) // 1µs .. ~17s
+	e.st.wsizes = newLogHist(9, 25)   // 512 B .. 32 MiB
+	e.st.rsizes = newLogHist(9, 25)
+	e.timer = time.AfterFunc(time.Hour, e.onTimer)
+	e.timer.Stop()
+	e.wg.Add(cfg.Workers)
+	for i := 0; i < cfg.Workers; i++ {
+		go e.worker()
+	}
+	return e
+}
+
+func (e *Engine) now() int64 { return int64(time.Since(e.t0)) }
+
+func validOp(op Op) bool { return op >= OpRead && op <= OpCache }
+
+func (e *Engine) validate(r *Request) error {
+	if !validOp(r.Op) || r.Offset < 0 || r.Length < 0 {
+		return ErrInvalid
+	}
+	switch r.Op {
+	case OpFlush:
+		return nil
+	case OpRead, OpWrite:
+		if int64(len(r.Data)) != r.Length {
+			return ErrInvalid
+		}
+	}
+	if r.Offset > e.b.Size()-r.Length {
+		return backend.ErrOutOfRange
+	}
+	return nil
+}
+
+func finish(r *Request, err error) {
+	r.Err = err
+	if r.Done != nil {
+		r.Done(r)
+	}
+}
+
+// Submit queues r and returns; r.Done is called exactly once when it
+// completes. Submit blocks while MaxQueue requests are outstanding.
+//
+// Invalid requests, and requests submitted after Close, complete at once
+// with an error, with Done called from the submitting goroutine. Done must
+// not call Submit on the same Engine when the queue could be full.
+func (e *Engine) Submit(r *Request) {
+	if err := e.validate(r); err != nil {
+		e.mu.Lock()
+		e.st.rejected++
+		e.mu.Unlock()
+		finish(r, err)
+		return
+	}
+	if r.Length == 0 && r.Op != OpFlush {
+		// Touches no byte, so it needs no ordering and no backend call.
+		e.mu.Lock()
+		e.st.requests.add(r.Op, 1)
+		e.mu.Unlock()
+		finish(r, nil)
+		return
+	}
+	e.mu.Lock()
+	for e.outstanding >= e.cfg.MaxQueue && !e.closing {
+		e.spaceWaiters++
+		e.spaceCond.Wait()
+		e.spaceWaiters--
+	}
+	if e.closing {
+		e.st.rejected++
+		e.mu.Unlock()
+		finish(r, ErrClosed)
+		return
+	}
+	now := e.now()
+	it := e.allocLocked()
+	it.r, it.op, it.off, it.end = r, r.Op, r.Offset, r.Offset+r.Length
+	it.writes = r.Op == OpWrite || r.Op == OpTrim || r.Op == OpWriteZeroes
+	it.fua = r.FUA
+	it.submitted = now
+	e.st.requests.add(r.Op, 1)
+
+	e.outstanding++
+	if e.outstanding > e.st.maxQueue {
+		e.st.maxQueue = e.outstanding
+	}
+	if now-e.winStart > qdWindow {
+		e.prevPeak, e.curPeak, e.winStart = e.curPeak, 0, now
+	}
+	if e.outstanding > e.curPeak {
+		e.curPeak = e.outstanding
+	}
+
+	// INVARIANT: a request waits for every earlier-submitted, unfinished
+	// request it conflicts with (overlapping ranges where at least one
+	// modifies data; for FLUSH, every earlier modifying request). So
+	// overlapping requests are never reordered, and a FLUSH runs Sync only
+	// after all writes submitted before it have returned from the backend.
+	for o := e.outHead; o != nil; o = o.onext {
+		if conflicts(o, it) {
+			o.dependents = append(o.dependents, it)
+			it.deps++
+			if o.ready && o.holdUntil != 0 {
+				// Someone is waiting for o: stop gathering it.
+				o.holdUntil = 0
+			}
+		}
+	}
+	it.oprev = e.outTail
+	if e.outTail != nil {
+		e.outTail.onext = it
+	} else {
+		e.outHead = it
+	}
+	e.outTail = it
+
+	if it.op == OpWrite {
+		it.near = e.nearRecentLocked(it.off, it.end)
+		e.recent[e.recentPos] = span{it.off, it.end}
+		e.recentPos = (e.recentPos + 1) % recentWrites
+	}
+	if it.deps == 0 {
+		e.makeReadyLocked(it, now)
+	}
+	// Wake a worker even for a held write: a new arrival can complete a run
+	// or fill the submitters' queue depth, which releases held writes.
+	if e.idle > 0 && e.readyHead != nil {
+		e.workCond.Signal()
+	}
+	e.mu.Unlock()
+}
+
+// conflicts reports whether later request n must wait for earlier request o.
+func conflicts(o, n *item) bool {
+	if n.op == OpFlush {
+		return o.writes
+	}
+	if o.op == OpFlush {
+		// Requests after a FLUSH need not wait for it: FLUSH promises
+		// nothing about later writes.
+		return false
+	}
+	if !o.writes && !n.writes {
+		return false
+	}
+	return o.off < n.end && n.off < o.end
+}
+
+func (e *Engine) nearRecentLocked(off, end int64) bool {
+	lim := e.cfg.MaxMergeBytes
+	for _, s := range e.recent {
+		if s.end == 0 {
+			continue
+		}
+		gap := max(off-s.end, s.off-end, 0)
+		if gap <= lim {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *Engine) qdEstimate() int { return max(e.curPeak, e.prevPeak) }
+
+func (e *Engine) allocLocked() *item {
+	it := e.free
+	if it == nil {
+		return &item{}
+	}
+	e.free = it.onext
+	it.onext = nil
+	return it
+}
+
+func (e *Engine) freeLocked(it *item) {
+	deps := it.dependents
+	clear(deps)
+	*it = item{dependents: deps[:0], onext: e.free}
+	e.free = it
+}
+
+// makeReadyLocked puts an item whose dependencies are all finished on the
+// ready list, indexes reads and writes for merging, and decides whether a
+// write is held back for gathering.
+func (e *Engine) makeReadyLocked(it *item, now int64) {
+	it.ready = true
+	it.rprev = e.readyTail
+	if e.readyTail != nil {
+		e.readyTail.rnext = it
+	} else {
+		e.readyHead = it
+	}
+	e.readyTail = it
+	e.nready++
+	byStart, byEnd := e.maps(it.op)
+	if byStart != nil && byStart[it.off] == nil && byEnd[it.end] == nil {
+		// INVARIANT: for an indexed item x, byStart[x.off] == x and
+		// byEnd[x.end] == x. Two ready writes never overlap (the later one
+		// depends on the earlier), so only reads can collide; a colliding
+		// read is simply not indexed and runs alone.
+		byStart[it.off] = it
+		byEnd[it.end] = it
+		it.inMaps = true
+	}
+	if it.op == OpWrite && it.inMaps && e.gather > 0 && it.near && !e.closing &&
+		e.qdEstimate() > 1 && it.end-it.off < e.cfg.MaxMergeBytes {
+		hu := now + e.gather
+		// Join the deadline of the run this write extends, so a run's
+		// deadline is its oldest member's and cannot slide forever.
+		if p := byEnd[it.off]; p != nil && p.holdUntil != 0 && p.holdUntil < hu {
+			hu = p.holdUntil
+		}
+		it.holdUntil = hu
+		e.st.held++
+	}
+}
+
+func (e *Engine) maps(op Op) (byStart, byEnd map[int64]*item) {
+	switch op {
+	case OpRead:
+		return e.rdByStart, e.rdByEnd
+	case OpWrite:
+		return e.wrByStart, e.wrByEnd
+	}
+	return nil, nil
+}
+
+func (e *Engine) unreadyLocked(it *item) {
+	if it.rprev != nil {
+		it.rprev.rnext = it.rnext
+	} else {
+		e.readyHead = it.rnext
+	}
+	if it.rnext != nil {
+		it.rnext.rprev = it.rprev
+	} else {
+		e.readyTail = it.rprev
+	}
+	it.rprev, it.rnext = nil, nil
+	it.ready = false
+	e.nready--
+	if it.inMaps {
+		byStart, byEnd := e.maps(it.op)
+		delete(byStart, it.off)
+		delete(byEnd, it.end)
+		it.inMaps = false
+	}
+}
+
+// pickLocked chooses the next batch: the oldest ready item that is not held
+// back, together with every ready item of the same kind contiguous with it
+// (up to MaxMergeBytes). Returns the batch head (linked by bnext) or nil.
+//
+// Gathering policy (see package doc): a held write is released when its
+// deadline passes, when its run reaches MaxMergeBytes, when something waits
+// for it, when the engine closes, or when the submitters' queue is as deep
+// as it recently got (no more requests will arrive until some complete).
+func (e *Engine) pickLocked(now int64) *item {
+	if e.readyHead == nil {
+		return nil
+	}
+	release := e.closing || e.outstanding >= e.qdEstimate()
+	e.epoch++
+	var earliest int64
+	for it := e.readyHead; it != nil; it = it.rnext {
+		if it.mark == e.epoch {
+			continue
+		}
+		if it.holdUntil != 0 && !release && now < it.holdUntil {
+			if !e.runReleasedLocked(it, now) {
+				if earliest == 0 || it.holdUntil < earliest {
+					earliest = it.holdUntil
+				}
+				continue
+			}
+		}
+		return e.takeRunLocked(it)
+	}
+	if earliest != 0 {
+		e.armTimerLocked(earliest, now)
+	}
+	return nil
+}
+
+// runReleasedLocked measures the contiguous run of ready writes around a
+// held item, marking its members as seen for this pick. The run goes if it
+// has reached MaxMergeBytes or any member is no longer held.
+func (e *Engine) runReleasedLocked(it *item, now int64) bool {
+	byStart, byEnd := e.maps(it.op)
+	total := it.end - it.off
+	free := false
+	it.mark = e.epoch
+	for p := byEnd[it.off]; p != nil && total < e.cfg.MaxMergeBytes; p = byEnd[p.off] {
+		p.mark = e.epoch
+		total += p.end - p.off
+		free = free || p.holdUntil == 0 || now >= p.holdUntil
+	}
+	for q := byStart[it.end]; q != nil && total < e.cfg.MaxMergeBytes; q = byStart[q.end] {
+		q.mark = e.epoch
+		total += q.end - q.off
+		free = free || q.holdUntil == 0 || now >= q.holdUntil
+	}
+	return free || total >= e.cfg.MaxMergeBytes
+}
+
+// takeRunLocked removes it and its mergeable neighbours from the ready list
+// and returns the leftmost, with the batch linked in offset order.
+//
+// INVARIANT: every member of a run is ready (all its dependencies are
+// finished) and members never overlap, so issuing them as one vectored call
+// cannot reorder conflicting requests.
+func (e *Engine) takeRunLocked(it *item) *item {
+	if !it.inMaps {
+		e.unreadyLocked(it)
+		it.bnext = nil
+		return it
+	}
+	byStart, byEnd := e.maps(it.op)
+	limit := e.cfg.MaxMergeBytes
+	total, n := it.end-it.off, 1
+	left := it
+	for n < maxRunItems {
+		p := byEnd[left.off]
+		if p == nil || total+(p.end-p.off) > limit {
+			break
+		}
+		left, total, n = p, total+(p.end-p.off), n+1
+	}
+	right := it
+	for n < maxRunItems {
+		q := byStart[right.end]
+		if q == nil || total+(q.end-q.off) > limit {
+			break
+		}
+		right, total, n = q, total+(q.end-q.off), n+1
+	}
+	for cur := left; ; {
+		var next *item
+		if cur != right {
+			next = byStart[cur.end]
+		}
+		e.unreadyLocked(cur)
+		cur.bnext = next
+		if next == nil {
+			break
+		}
+		cur = next
+	}
+	if n > 1 {
+		e.st.merged += uint64(n - 1)
+	}
+	return left
+}
+
+func (e *Engine) armTimerLocked(at, now int64) {
+	if e.timerAt != 0 && e.timerAt <= at {
+		return
+	}
+	e.timerAt = at
+	e.timer.Reset(time.Duration(at - now))
+}
+
+func (e *Engine) onTimer() {
+	e.mu.Lock()
+	e.timerAt = 0
+	e.workCond.Broadcast()
+	e.mu.Unlock()
+}
+
+// worker is one of Config.Workers goroutines; each runs one backend call
+// at a time, which bounds backend concurrency.
+func (e *Engine) worker() {
+	defer e.wg.Done()
+	var (
+		bufs [][]byte   // reused iovec list
+		done []*Request // reused completion list
+	)
+	e.mu.Lock()
+	for {
+		b := e.pickLocked(e.now())
+		if b == nil {
+			if e.stopped {
+				e.mu.Unlock()
+				return
+			}
+			e.idle++
+			e.workCond.Wait()
+			e.idle--
+			continue
+		}
+		e.st.inflight++
+		if e.st.inflight > e.st.maxInF {
+			e.st.maxInF = e.st.inflight
+		}
+		e.mu.Unlock()
+
+		bufs = e.exec(b, bufs[:0])
+		clear(bufs)
+
+		e.mu.Lock()
+		e.st.inflight--
+		done = e.completeLocked(b, e.now(), done[:0])
+		e.mu.Unlock()
+		// Done callbacks run without the lock: they may take their own
+		// locks or submit (within the queue bound).
+		for i, r := range done {
+			r.Done(r)
+			done[i] = nil
+		}
+		e.mu.Lock()
+	}
+}
+
+// exec runs one batch against the backend, setting each item's err.
+func (e *Engine) exec(head *item, bufs [][]byte) [][]byte {
+	var err error
+	switch head.op {
+	case OpRead, OpWrite:
+		fua := false
+		for it := head; it != nil; it = it.bnext {
+			bufs = append(bufs, it.r.Data[:it.end-it.off])
+			fua = fua || it.fua
+		}
+		if head.op == OpRead {
+			err = e.b.ReadvAt(bufs, head.off)
+		} else {
+			// INVARIANT: a run containing a FUA write is written with fua
+			// for the whole run, so the FUA member is durable on return.
+			err = e.b.WritevAt(bufs, head.off, fua)
+		}
+		if err != nil && head.bnext != nil {
+			// Retry members one by one so one failing range does not fail
+			// its neighbours.
+			for it := head; it != nil; it = it.bnext {
+				b := [][]byte{it.r.Data[:it.end-it.off]}
+				if head.op == OpRead {
+					it.err = e.b.ReadvAt(b, it.off)
+				} else {
+					it.err = e.b.WritevAt(b, it.off, it.fua)
+				}
+			}
+			return bufs
+		}
+	case OpFlush:
+		// INVARIANT: every write completed before this FLUSH was submitted
+		// has returned from the backend (it was finished, or this FLUSH
+		// depends on it), so Sync makes it durable.
+		err = e.b.Sync()
+	case OpTrim:
+		err = e.b.Trim(head.off, head.end-head.off)
+		if err == nil && head.fua {
+			err = e.b.Sync()
+		}
+	case OpWriteZeroes:
+		err = e.b.WriteZeroes(head.off, head.end-head.off, !head.r.NoHole, head.r.FastZero)
+		if err == nil && head.fua {
+			// INVARIANT: FUA write-zeroes is durable before completion.
+			err = e.b.Sync()
+		}
+	case OpCache:
+		if p, ok := e.b.(interface{ Prefetch(off, length int64) error }); ok {
+			err = p.Prefetch(head.off, head.end-head.off)
+		}
+	}
+	for it := head; it != nil; it = it.bnext {
+		it.err = err
+	}
+	return bufs
+}
+
+// completeLocked finishes a batch: records stats, releases dependents,
+// unlinks and recycles the items, and returns the requests whose Done is
+// to be called (after the lock is dropped).
+func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Request {
+	var bytes int64
+	for it := head; it != nil; it = it.bnext {
+		bytes += it.end - it.off
+	}
+	e.st.backendOps.add(head.op, 1)
+	switch head.op {
+	case OpRead:
+		e.st.bytesRead += uint64(bytes)
+		e.st.rsizes.record(bytes)
+	case OpWrite:
+		e.st.bytesWritten += uint64(bytes)
+		e.st.wsizes.record(bytes)
+	}
+	woke := 0
+	for it := head; it != nil; {
+		next := it.bnext
+		e.st.latency.record(now - it.submitted)
+		if it.err != nil {
+			e.st.errors++
+		}
+		for _, d := range it.dependents {
+			d.deps--
+			if d.deps == 0 {
+				e.makeReadyLocked(d, now)
+				woke++
+			}
+		}
+		if it.oprev != nil {
+			it.oprev.onext = it.onext
+		} else {
+			e.outHead = it.onext
+		}
+		if it.onext != nil {
+			it.onext.oprev = it.oprev
+		} else {
+			e.outTail = it.oprev
+		}
+		r := it.r
+		// INVARIANT: Err is set, and the item is off every list, before
+		// Done is called, so a request submitted from Done (or after it)
+		// sees this one as finished.
+		r.Err = it.err
+		if r.Done != nil {
+			done = append(done, r)
+		}
+		e.outstanding--
+		e.freeLocked(it)
+		it = next
+	}
+	for ; woke > 0 && e.idle > 0; woke-- {
+		e.workCond.Signal()
+	}
+	if e.spaceWaiters > 0 || e.closing {
+		e.spaceCond.Broadcast()
+	}
+	return done
+}
+
+// Do submits r and waits for it, returning r.Err. It uses r.Done and r.Ctx
+// internally and restores them before returning.
+func (e *Engine) Do(r *Request) error {
+	ch := e.doChans.Get().(chan struct{})
+	saveDone, saveCtx := r.Done, r.Ctx
+	r.Done, r.Ctx = doDone, ch
+	e.Submit(r)
+	<-ch
+	r.Done, r.Ctx = saveDone, saveCtx
+	e.doChans.Put(ch)
+	return r.Err
+}
+
+func doDone(r *Request) { r.Ctx.(chan struct{}) <- struct{}{} }
+
+// Stats returns a snapshot of the counters.
+func (e *Engine) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := &e.st
+	return Stats{
+		Requests:      s.requests,
+		Rejected:      s.rejected,
+		BackendOps:    s.backendOps,
+		Errors:        s.errors,
+		BytesRead:     s.bytesRead,
+		BytesWritten:  s.bytesWritten,
+		Merged:        s.merged,
+		Held:          s.held,
+		QueueDepth:    e.outstanding,
+		MaxQueueDepth: s.maxQueue,
+		InFlight:      s.inflight,
+		MaxInFlight:   s.maxInF,
+		Latency:       s.latency.snapshot(),
+		WriteSizes:    s.wsizes.snapshot(),
+		ReadSizes:     s.rsizes.snapshot(),
+	}
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (e *Engine) Config() Config { return e.cfg }
+
+// Close stops accepting requests (later Submits fail with ErrClosed), waits
+// for every outstanding request to complete, syncs the backend and stops
+// the workers. It does not close the backend. Safe to call more than once.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		<-e.closeDone
+		return e.closeErr
+	}
+	e.closing = true
+	e.workCond.Broadcast() // held writes go now
+	e.spaceCond.Broadcast()
+	for e.outstanding > 0 {
+		e.spaceCond.Wait()
+	}
+	e.stopped = true
+	e.workCond.Broadcast()
+	e.mu.Unlock()
+	e.wg.Wait()
+	e.timer.Stop()
+	e.closeErr = e.b.Sync()
+	close(e.closeDone)
+	return e.closeErr
+}

@@ -1,0 +1,569 @@
+// Command nbd-compare runs the same fio jobs (fio's nbd engine) against
+// vmsan, nbdkit (file plugin), qemu-nbd and nbd-server serving ONE file, in
+// one run, and prints absolute figures and ratios versus nbdkit.
+//
+//	go run ./bench/nbd-compare                      # all servers, 12 s per job
+//	go run ./bench/nbd-compare -runtime 5s -servers vmsan,nbdkit
+//	go run ./bench/nbd-compare -json > result.json
+//
+// The file is vmsan's own volume raw file (created with `vmsan volume
+// create`), pre-filled with non-zero data so reads hit allocated blocks; the
+// anchors serve that same path. Every server uses the host page cache with
+// writeback semantics (a write is acknowledged once in the page cache; FLUSH
+// is fdatasync): vmsan with the volume's default cache mode, nbdkit's file
+// plugin default (cache=default), qemu-nbd --cache=writeback --aio=threads,
+// nbd-server's default. The file is read once before the first job so every
+// server starts from a warm cache: this measures the servers, not the disk.
+//
+// Jobs run job-major (for each job, each server in turn, a fresh server
+// process each time) so slow drift of the machine affects all servers alike.
+// Only one server runs at a time. The program stops every process it started.
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vmsan/vmsan/tests/interop/servers"
+)
+
+// Job is one fio workload.
+type Job struct {
+	Name    string `json:"name"`
+	RW      string `json:"rw"`
+	BS      string `json:"bs"`
+	IODepth int    `json:"iodepth"`
+	// Throughput jobs are reported in MB/s, the others in IOPS.
+	Throughput bool `json:"throughput"`
+}
+
+// Jobs are the rows of the comparison (issue 2's benchmark list).
+var Jobs = []Job{
+	{"seq-read-1M-QD8", "read", "1m", 8, true},
+	{"seq-write-1M-QD8", "write", "1m", 8, true},
+	{"rand-read-4K-QD32", "randread", "4k", 32, false},
+	{"rand-write-4K-QD32", "randwrite", "4k", 32, false},
+	{"rand-read-4K-QD1", "randread", "4k", 1, false},
+	{"rand-write-4K-QD1", "randwrite", "4k", 1, false},
+}
+
+// Result is one (job, server) measurement.
+type Result struct {
+	Job       string  `json:"job"`
+	Server    string  `json:"server"`
+	MBps      float64 `json:"mb_per_s"` // decimal MB/s
+	IOPS      float64 `json:"iops"`
+	LatMeanUs float64 `json:"lat_mean_us"`
+	LatP99Us  float64 `json:"lat_p99_us"`
+	Error     string  `json:"error,omitempty"`
+}
+
+// Report is the -json output.
+type Report struct {
+	Started  time.Time         `json:"started"`
+	Machine  map[string]string `json:"machine"`
+	File     string            `json:"file"`
+	Size     int64             `json:"size"`
+	Runtime  string            `json:"runtime"`
+	Jobs     []Job             `json:"jobs"`
+	Servers  []string          `json:"servers"`
+	Results  []Result          `json:"results"`
+	Commands map[string]string `json:"server_commands"`
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "nbd-compare:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		dir      = flag.String("dir", "", "work directory on a disk filesystem (default <repo>/.cache/nbd-compare)")
+		sizeStr  = flag.String("size", "2G", "size of the shared file")
+		runtimeF = flag.Duration("runtime", 12*time.Second, "measured time per job and server")
+		ramp     = flag.Duration("ramp", 2*time.Second, "fio ramp_time before measuring")
+		list     = flag.String("servers", "vmsan,nbdkit,qemu-nbd,nbd-server", "comma-separated servers to compare")
+		jobsF    = flag.String("jobs", "", "comma-separated job names to run (default all)")
+		vmsanBin = flag.String("vmsan", "", "vmsan binary (default: go build ./cmd/vmsan into -dir)")
+		asJSON   = flag.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
+		logDir   = flag.String("logs", "", "directory for server logs (default <dir>/logs)")
+		extra    = flag.String("vmsan-args", "", "extra arguments for `vmsan serve` (space separated), e.g. \"--pprof 127.0.0.1:6060\"")
+	)
+	flag.Parse()
+
+	size, err := parseSize(*sizeStr)
+	if err != nil {
+		return err
+	}
+	var kinds []servers.Kind
+	for _, s := range strings.Split(*list, ",") {
+		k, err := servers.ParseKind(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		if _, err := exec.LookPath(k.Executable()); err != nil && k != servers.VMSAN {
+			return fmt.Errorf("%s not installed: %v", k, err)
+		}
+		kinds = append(kinds, k)
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		return errors.New("fio not installed (apt-get install fio)")
+	}
+	jobs := Jobs
+	if *jobsF != "" {
+		jobs = nil
+		for _, n := range strings.Split(*jobsF, ",") {
+			found := false
+			for _, j := range Jobs {
+				if j.Name == strings.TrimSpace(n) {
+					jobs = append(jobs, j)
+					found = true
+				}
+			}
+			if !found {
+				return fmt.Errorf("unknown job %q", n)
+			}
+		}
+	}
+
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	if *dir == "" {
+		*dir = filepath.Join(root, ".cache", "nbd-compare")
+		_ = os.MkdirAll(filepath.Join(root, ".cache"), 0o755)
+		_ = os.WriteFile(filepath.Join(root, ".cache", ".gitignore"), []byte("*\n"), 0o644)
+	}
+	if err := os.MkdirAll(*dir, 0o755); err != nil {
+		return err
+	}
+	if fs := fsType(*dir); fs == "tmpfs" {
+		return fmt.Errorf("%s is on tmpfs; use -dir on a disk filesystem", *dir)
+	}
+	if *logDir == "" {
+		*logDir = filepath.Join(*dir, "logs")
+	}
+	if err := os.MkdirAll(*logDir, 0o755); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	needVMSAN := false
+	for _, k := range kinds {
+		needVMSAN = needVMSAN || k == servers.VMSAN
+	}
+	bin := *vmsanBin
+	if !needVMSAN {
+		bin = "" // the anchors serve a plain file then
+	} else if bin == "" {
+		bin = filepath.Join(*dir, "vmsan")
+		logf("building vmsan into %s", bin)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/vmsan")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ./cmd/vmsan: %v\n%s", err, out)
+		}
+	}
+
+	// The shared file: vmsan's volume "bench" in <dir>/data.
+	dataDir := filepath.Join(*dir, "data")
+	file, err := prepareFile(ctx, bin, dataDir, "bench", size)
+	if err != nil {
+		return err
+	}
+
+	rep := Report{
+		Started: time.Now().UTC(), Machine: machine(*dir), File: file, Size: size,
+		Runtime: runtimeF.String(), Jobs: jobs, Commands: map[string]string{},
+	}
+	for _, k := range kinds {
+		rep.Servers = append(rep.Servers, string(k))
+	}
+	var extraArgs []string
+	if *extra != "" {
+		extraArgs = strings.Fields(*extra)
+	}
+
+	for _, j := range jobs {
+		for _, k := range kinds {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			logf("%-20s %-10s ...", j.Name, k)
+			r, cmdline := measure(ctx, k, j, servers.Options{
+				File: file, Export: "bench", Binary: bin, DataDir: dataDir,
+				LogDir: *logDir, ExtraArgs: vmsanOnly(k, extraArgs),
+			}, *runtimeF, *ramp, size)
+			if cmdline != "" {
+				rep.Commands[string(k)] = cmdline
+			}
+			if r.Error != "" {
+				logf("%-20s %-10s FAILED: %s", j.Name, k, firstLine(r.Error))
+			} else {
+				logf("%-20s %-10s %9.1f MB/s %9.0f IOPS  lat mean %7.1f us p99 %7.1f us", j.Name, k, r.MBps, r.IOPS, r.LatMeanUs, r.LatP99Us)
+			}
+			rep.Results = append(rep.Results, r)
+		}
+	}
+
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printTable(os.Stdout, rep)
+	return nil
+}
+
+func vmsanOnly(k servers.Kind, args []string) []string {
+	if k == servers.VMSAN {
+		return args
+	}
+	return nil
+}
+
+// measure starts server k, runs job j with fio, stops the server.
+func measure(ctx context.Context, k servers.Kind, j Job, o servers.Options, rt, ramp time.Duration, size int64) (Result, string) {
+	res := Result{Job: j.Name, Server: string(k)}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	s, err := servers.Start(sctx, k, o)
+	cancel()
+	if err != nil {
+		res.Error = err.Error()
+		return res, ""
+	}
+	cmdline := serverCmdline(s)
+	defer func() {
+		if err := s.Stop(); err != nil {
+			logf("stopping %s: %v", k, err)
+		}
+	}()
+	args := []string{
+		"--name=" + j.Name, "--ioengine=nbd", "--uri=" + s.URI,
+		"--rw=" + j.RW, "--bs=" + j.BS, fmt.Sprintf("--iodepth=%d", j.IODepth),
+		fmt.Sprintf("--size=%d", size), "--time_based",
+		fmt.Sprintf("--runtime=%dms", rt.Milliseconds()),
+		fmt.Sprintf("--ramp_time=%dms", ramp.Milliseconds()),
+		"--randrepeat=0", "--norandommap", "--output-format=json",
+	}
+	fctx, fcancel := context.WithTimeout(ctx, rt+ramp+60*time.Second)
+	defer fcancel()
+	cmd := exec.CommandContext(fctx, "fio", args...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	if err := cmd.Run(); err != nil {
+		res.Error = fmt.Sprintf("fio: %v: %s", err, strings.TrimSpace(se.String()))
+		return res, cmdline
+	}
+	var out struct {
+		Jobs []struct {
+			Error int     `json:"error"`
+			Read  fioStat `json:"read"`
+			Write fioStat `json:"write"`
+		} `json:"jobs"`
+	}
+	raw := so.Bytes()
+	if i := bytes.IndexByte(raw, '{'); i > 0 {
+		raw = raw[i:]
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.Jobs) != 1 {
+		res.Error = fmt.Sprintf("fio output: %v", err)
+		return res, cmdline
+	}
+	fj := out.Jobs[0]
+	st := fj.Read
+	if strings.Contains(j.RW, "write") {
+		st = fj.Write
+	}
+	if fj.Error != 0 {
+		res.Error = fmt.Sprintf("fio job error %d: %s", fj.Error, strings.TrimSpace(se.String()))
+	}
+	res.MBps = float64(st.BwBytes) / 1e6
+	res.IOPS = st.IOPS
+	res.LatMeanUs = st.Lat.Mean / 1e3
+	res.LatP99Us = st.Clat.Percentile["99.000000"] / 1e3
+	return res, cmdline
+}
+
+type fioStat struct {
+	BwBytes int64   `json:"bw_bytes"`
+	IOPS    float64 `json:"iops"`
+	Lat     struct {
+		Mean float64 `json:"mean"`
+	} `json:"lat_ns"`
+	Clat struct {
+		Percentile map[string]float64 `json:"percentile"`
+	} `json:"clat_ns"`
+}
+
+func serverCmdline(s *servers.Server) string {
+	b, err := os.ReadFile(s.Log)
+	if err != nil {
+		return ""
+	}
+	// The harness writes "### <time> <command line>" before each start.
+	lines := strings.Split(string(b), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.HasPrefix(lines[i], "### ") {
+			f := strings.SplitN(lines[i], " ", 3)
+			if len(f) == 3 {
+				return f[2]
+			}
+		}
+	}
+	return ""
+}
+
+// prepareFile creates the vmsan volume (or, without vmsan, a plain file) of
+// the given size and fills it with non-zero data, then reads it once so the
+// page cache is warm for every server alike.
+func prepareFile(ctx context.Context, bin, dataDir, name string, size int64) (string, error) {
+	var file string
+	if bin != "" {
+		matches, _ := filepath.Glob(filepath.Join(dataDir, "*", name+".raw"))
+		if len(matches) == 0 {
+			if err := os.MkdirAll(dataDir, 0o755); err != nil {
+				return "", err
+			}
+			if err := servers.CreateVMSANVolume(ctx, bin, dataDir, name, size); err != nil {
+				return "", err
+			}
+			matches, _ = filepath.Glob(filepath.Join(dataDir, "*", name+".raw"))
+		}
+		if len(matches) != 1 {
+			return "", fmt.Errorf("cannot find the raw file of vmsan volume %q under %s", name, dataDir)
+		}
+		file = matches[0]
+	} else {
+		file = filepath.Join(dataDir, name+".raw")
+		if err := os.MkdirAll(dataDir, 0o755); err != nil {
+			return "", err
+		}
+	}
+	f, err := os.OpenFile(file, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	if st.Size() != size {
+		if bin != "" {
+			return "", fmt.Errorf("%s is %d bytes, want %d: remove %s or pass the old -size", file, st.Size(), size, dataDir)
+		}
+		if err := f.Truncate(size); err != nil {
+			return "", err
+		}
+	}
+	// Fill once: a marker next to the data dir records that it is full.
+	marker := filepath.Join(filepath.Dir(dataDir), "filled-"+name)
+	if _, err := os.Stat(marker); err != nil {
+		logf("filling %s (%d MiB) with random data", file, size>>20)
+		buf := make([]byte, 4<<20)
+		if _, err := rand.Read(buf); err != nil {
+			return "", err
+		}
+		for off := int64(0); off < size; off += int64(len(buf)) {
+			n := int64(len(buf))
+			if size-off < n {
+				n = size - off
+			}
+			// Vary each chunk a little so no two chunks are identical.
+			buf[0], buf[1] = byte(off>>22), byte(off>>30)
+			if _, err := f.WriteAt(buf[:n], off); err != nil {
+				return "", err
+			}
+		}
+		if err := f.Sync(); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(marker, nil, 0o644); err != nil {
+			return "", err
+		}
+	}
+	logf("warming the page cache with %s", file)
+	if _, err := io.Copy(io.Discard, io.NewSectionReader(f, 0, size)); err != nil {
+		return "", err
+	}
+	return file, nil
+}
+
+func printTable(w io.Writer, rep Report) {
+	get := func(job, srv string) *Result {
+		for i := range rep.Results {
+			if rep.Results[i].Job == job && rep.Results[i].Server == srv {
+				return &rep.Results[i]
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "nbd-compare: %s file, %s per job, fio --ioengine=nbd, page-cache writeback on every server\n", human(rep.Size), rep.Runtime)
+	fmt.Fprintf(w, "machine: %s\n\n", rep.Machine["summary"])
+	hdr := "job\tunit\t"
+	for _, s := range rep.Servers {
+		hdr += s + "\t"
+	}
+	for _, s := range rep.Servers {
+		if s != string(servers.NBDKit) {
+			hdr += s + "/nbdkit\t"
+		}
+	}
+	fmt.Fprintln(tw, hdr)
+	for _, j := range rep.Jobs {
+		unit := "IOPS"
+		if j.Throughput {
+			unit = "MB/s"
+		}
+		line := j.Name + "\t" + unit + "\t"
+		val := func(r *Result) float64 {
+			if r == nil || r.Error != "" {
+				return 0
+			}
+			if j.Throughput {
+				return r.MBps
+			}
+			return r.IOPS
+		}
+		for _, s := range rep.Servers {
+			r := get(j.Name, s)
+			if r == nil || r.Error != "" {
+				line += "error\t"
+			} else {
+				line += fmt.Sprintf("%.0f\t", val(r))
+			}
+		}
+		base := val(get(j.Name, string(servers.NBDKit)))
+		for _, s := range rep.Servers {
+			if s == string(servers.NBDKit) {
+				continue
+			}
+			v := val(get(j.Name, s))
+			if base == 0 || v == 0 {
+				line += "-\t"
+			} else {
+				line += fmt.Sprintf("%.2fx\t", v/base)
+			}
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "server command lines:")
+	for _, s := range rep.Servers {
+		fmt.Fprintf(w, "  %-10s %s\n", s, rep.Commands[s])
+	}
+}
+
+func machine(dir string) map[string]string {
+	m := map[string]string{
+		"cpus":   fmt.Sprint(runtime.NumCPU()),
+		"fs":     fsType(dir),
+		"goarch": runtime.GOARCH,
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				m["cpu"] = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m["kernel"] = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		if l := strings.SplitN(string(b), "\n", 2)[0]; l != "" {
+			m["mem"] = strings.Join(strings.Fields(l)[1:], " ")
+		}
+	}
+	for _, t := range []string{"fio", "nbdkit", "qemu-nbd"} {
+		if out, err := exec.Command(t, "--version").Output(); err == nil {
+			m[t] = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
+		}
+	}
+	m["summary"] = fmt.Sprintf("%s CPUs (%s), %s RAM, kernel %s, %s filesystem", m["cpus"], m["cpu"], m["mem"], m["kernel"], m["fs"])
+	return m
+}
+
+func fsType(dir string) string {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return "unknown"
+	}
+	switch st.Type {
+	case 0x01021994:
+		return "tmpfs"
+	case 0xEF53:
+		return "ext4"
+	case 0x58465342:
+		return "xfs"
+	case 0x9123683E:
+		return "btrfs"
+	}
+	return fmt.Sprintf("0x%x", st.Type)
+}
+
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %v", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run nbd-compare from inside the vmsan repository")
+	}
+	return filepath.Dir(mod), nil
+}
+
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(strings.ToUpper(s))
+	mult := int64(1)
+	for suf, m := range map[string]int64{"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40} {
+		if strings.HasSuffix(s, suf) {
+			mult = m
+			s = strings.TrimSuffix(s, suf)
+			break
+		}
+	}
+	var n int64
+	if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return n * mult, nil
+}
+
+func human(n int64) string {
+	if n%(1<<30) == 0 {
+		return fmt.Sprintf("%d GiB", n>>30)
+	}
+	return fmt.Sprintf("%d MiB", n>>20)
+}
+
+func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
+}

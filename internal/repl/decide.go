@@ -94,16 +94,16 @@ func Decide(self, peer Hello, policy SplitBrainPolicy) Decision {
 			return Decision{Kind: BitmapTarget, Rule: 42}
 		}
 		return Decision{Kind: NoSync, Rule: 43}
-	case p.Bitmap == s.Current:
+	case p.Bitmap == s.Current && s.Bitmap != p.Current:
 		// The peer started a new generation from ours and tracked changes.
 		return Decision{Kind: BitmapTarget, Rule: 50}
-	case s.Bitmap == p.Current:
+	case s.Bitmap == p.Current && p.Bitmap != s.Current:
 		return Decision{Kind: BitmapSource, Rule: 60}
-	case p.inHistory(s.Current):
+	case p.inHistory(s.Current) && !s.inHistory(p.Current):
 		// We are an older generation than the peer's bitmap base: the
 		// bitmap does not cover us, so full sync.
 		return Decision{Kind: FullTarget, Rule: 70}
-	case s.inHistory(p.Current):
+	case s.inHistory(p.Current) && !p.inHistory(s.Current):
 		return Decision{Kind: FullSource, Rule: 80}
 	case s.Bitmap != 0 && s.Bitmap == p.Bitmap:
 		// Both started new generations from the same base: split brain
@@ -126,7 +126,7 @@ func Decide(self, peer Hello, policy SplitBrainPolicy) Decision {
 }
 
 func resolveSplitBrain(self, peer Hello, policy SplitBrainPolicy, rule int) Decision {
-	sb := Decision{Kind: SplitBrain, Rule: rule, Reason: "split brain: both sides wrote since generation " + hex(self.Gens.Bitmap)}
+	sb := Decision{Kind: SplitBrain, Rule: rule, Reason: "split brain: both sides wrote since generation " + hexGen(self.Gens.Bitmap)}
 	// loser==true means we are discarded (become sync target).
 	var loser, ok bool
 	switch policy {
@@ -167,7 +167,7 @@ func resolveSplitBrain(self, peer Hello, policy SplitBrainPolicy, rule int) Deci
 	return Decision{Kind: BitmapSource, Rule: rule, Resolved: true, Reason: "split brain resolved by " + policy.String()}
 }
 
-func hex(u uint64) string {
+func hexGen(u uint64) string {
 	const digits = "0123456789abcdef"
 	if u == 0 {
 		return "0"

@@ -162,6 +162,10 @@ func DecodeHeader(h []byte, m *Message) (int, error) {
 		Length: int64(binary.BigEndian.Uint64(h[24:])),
 	}
 	dlen := binary.BigEndian.Uint32(h[32:])
+	if h[7] != 0 || binary.BigEndian.Uint32(h[36:]) != 0 {
+		// Reserved bytes must be zero so they can carry meaning later.
+		return 0, fmt.Errorf("%w: reserved bytes set", ErrBadFrame)
+	}
 	if m.Type == 0 || m.Type >= msgMax {
 		return 0, fmt.Errorf("%w: unknown type %d", ErrBadFrame, h[4])
 	}

@@ -428,10 +428,10 @@ func (s *Server) LogTail(n int) string {
 	return string(b)
 }
 
-// CreateVMSANVolume runs `vmsan volume create NAME SIZE --data-dir DIR` with
-// any extra flags (e.g. "--read-only").
+// CreateVMSANVolume runs `vmsan volume create NAME --size SIZE --data-dir DIR`
+// with any extra flags (e.g. "--read-only").
 func CreateVMSANVolume(ctx context.Context, binary, dataDir, name string, size int64, extra ...string) error {
-	args := append([]string{"volume", "create", name, strconv.FormatInt(size, 10), "--data-dir", dataDir}, extra...)
+	args := append([]string{"volume", "create", name, "--size", strconv.FormatInt(size, 10), "--data-dir", dataDir}, extra...)
 	out, err := exec.CommandContext(ctx, binary, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("vmsan %s: %v\n%s", strings.Join(args, " "), err, out)

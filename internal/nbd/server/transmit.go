@@ -243,7 +243,9 @@ func (c *conn) check(t *txState, req proto.Request) (proto.Errno, string) {
 		return proto.EINVAL, msgOverflow
 	}
 	if end > uint64(c.info.Size) {
-		if write {
+		// The spec: ENOSPC for writes past the end, EINVAL for reads and
+		// trims (and everything else).
+		if req.Type == proto.CmdWrite || req.Type == proto.CmdWriteZeroes {
 			return proto.ENOSPC, msgBeyondEnd
 		}
 		return proto.EINVAL, msgBeyondEnd

@@ -54,9 +54,6 @@ const (
 	DefaultVolumeName    = "default"
 	DefaultVolumeSize    = 10 << 30
 	DefaultMaxPayload    = 32 << 20
-	DefaultEngineWorkers = 4
-	DefaultMaxMerge      = 1 << 20
-	DefaultMaxQueue      = 1024
 )
 
 // Size is a byte count that unmarshals from "20G" style strings or plain
@@ -106,8 +103,10 @@ type TLS struct {
 	CA string `yaml:"ca,omitempty"`
 }
 
-// Engine holds I/O engine tuning. Zero fields inherit (volume from the
-// top-level engine section, top level from the built-in defaults).
+// Engine holds I/O engine tuning (see ioengine.Config). Zero fields inherit:
+// a volume's from the top-level engine section, the top level's from the
+// engine's built-in defaults. A negative gather_delay disables write
+// gathering.
 type Engine struct {
 	Workers     int      `yaml:"workers,omitempty"`
 	MaxMerge    Size     `yaml:"max_merge,omitempty"`
@@ -171,11 +170,8 @@ func Default() Config {
 		LogLevel:   "info",
 		MaxPayload: DefaultMaxPayload,
 		TLS:        TLS{Mode: "off"},
-		Engine: Engine{
-			Workers:  DefaultEngineWorkers,
-			MaxMerge: DefaultMaxMerge,
-			MaxQueue: DefaultMaxQueue,
-		},
+		// Engine left zero: the I/O engine's own defaults apply (see
+		// ioengine.Config), so they are defined in one place.
 	}
 }
 
@@ -297,8 +293,8 @@ func (c *Config) Validate() error {
 		if e.MaxQueue < 0 || e.MaxQueue > 1<<20 {
 			add("%sengine.max_queue %d: want at most 1048576", where, e.MaxQueue)
 		}
-		if e.GatherDelay < 0 || time.Duration(e.GatherDelay) > time.Second {
-			add("%sengine.gather_delay %v: want 0..1s", where, time.Duration(e.GatherDelay))
+		if time.Duration(e.GatherDelay) > time.Second {
+			add("%sengine.gather_delay %v: want at most 1s (negative disables gathering)", where, time.Duration(e.GatherDelay))
 		}
 	}
 	validateEngine("", c.Engine)

@@ -48,7 +48,7 @@ volumes:
 	if c.DataDir != "/var/lib/vmsan" || len(c.Listen) != 2 || c.TLS.Mode != "optional" || c.MaxPayload != 16<<20 {
 		t.Fatalf("%+v", c)
 	}
-	if c.Engine.Workers != 2 || c.Engine.MaxMerge != 512<<10 || time.Duration(c.Engine.GatherDelay) != 100*time.Microsecond || c.Engine.MaxQueue != DefaultMaxQueue {
+	if c.Engine.Workers != 2 || c.Engine.MaxMerge != 512<<10 || time.Duration(c.Engine.GatherDelay) != 100*time.Microsecond || c.Engine.MaxQueue != 0 {
 		t.Fatalf("engine %+v", c.Engine)
 	}
 	if len(c.Volumes) != 2 || c.Volumes[0].Size != 20<<30 || c.Volumes[0].Cache != "none" || !c.Volumes[0].Rotational || !c.Volumes[1].ReadOnly {
@@ -65,7 +65,7 @@ func TestParseEmptyIsDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DataDir != DefaultDataDir || c.Engine.Workers != DefaultEngineWorkers {
+	if c.DataDir != DefaultDataDir || c.Engine.Workers != 0 {
 		t.Fatalf("%+v", c)
 	}
 }
@@ -122,6 +122,7 @@ func TestLoadRelativePaths(t *testing.T) {
 func TestMarshalRoundTrip(t *testing.T) {
 	c := Default()
 	c.Volumes = []Volume{{Name: "a", Size: 10 << 30}}
+	c.Engine = Engine{Workers: 3, MaxMerge: 2 << 20, GatherDelay: Duration(-1)}
 	b, err := c.Marshal()
 	if err != nil {
 		t.Fatal(err)

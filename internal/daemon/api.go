@@ -1,0 +1,139 @@
+package daemon
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/vmsan/vmsan/internal/volume"
+)
+
+// Control API: HTTP/1.1 + JSON over the Unix socket <data_dir>/control.sock.
+//
+//	GET    /v1/status                     Status
+//	GET    /v1/volumes                    []VolumeInfo
+//	POST   /v1/volumes                    CreateRequest -> VolumeInfo (201)
+//	GET    /v1/volumes/{name}             VolumeInfo
+//	POST   /v1/volumes/{name}/resize      ResizeRequest -> VolumeInfo
+//	DELETE /v1/volumes/{name}?force=true  204
+//
+// Errors are APIError bodies with a stable Code, which the Client maps back
+// to the volume package's sentinel errors so errors.Is works across the
+// socket. New subsystems (replication) add endpoints with Daemon.Handle and
+// fields to /v1/status with Daemon.AddStatus; clients must ignore unknown
+// fields.
+
+// APIVersion is reported in Status; bump it on incompatible changes.
+const APIVersion = 1
+
+// VolumeInfo is a volume as the control API reports it.
+type VolumeInfo struct {
+	volume.Meta
+	Path string `json:"path"`
+	// Allocated is the bytes actually allocated on the host filesystem
+	// (thin provisioning: usually much less than Size).
+	Allocated int64 `json:"allocated"`
+	// Open is true when the daemon has the volume open (engine running).
+	Open bool `json:"open"`
+	// Exports is the number of current references from front ends
+	// (connected NBD clients).
+	Exports int64 `json:"exports"`
+}
+
+// CreateRequest is the body of POST /v1/volumes. Size accepts units
+// ("20G"); see volume.ParseSize.
+type CreateRequest struct {
+	Name        string `json:"name"`
+	Size        string `json:"size"`
+	Cache       string `json:"cache,omitempty"`
+	Rotational  bool   `json:"rotational,omitempty"`
+	ReadOnly    bool   `json:"read_only,omitempty"`
+	Description string `json:"description,omitempty"`
+	BlockSize   uint32 `json:"block_size,omitempty"`
+}
+
+// Options converts the request to volume.CreateOptions.
+func (c CreateRequest) Options() (volume.CreateOptions, error) {
+	size, err := volume.ParseSize(c.Size)
+	if err != nil {
+		return volume.CreateOptions{}, err
+	}
+	return volume.CreateOptions{
+		Name: c.Name, Size: size, Cache: backendMode(c.Cache), Rotational: c.Rotational,
+		ReadOnly: c.ReadOnly, Description: c.Description, LogicalBlockSize: c.BlockSize,
+	}, nil
+}
+
+// ResizeRequest is the body of POST /v1/volumes/{name}/resize.
+type ResizeRequest struct {
+	Size  string `json:"size"`
+	Force bool   `json:"force,omitempty"`
+}
+
+// Status is the body of GET /v1/status.
+type Status struct {
+	APIVersion int            `json:"api_version"`
+	PID        int            `json:"pid"`
+	DataDir    string         `json:"data_dir"`
+	Listeners  []string       `json:"listeners"`
+	Metrics    string         `json:"metrics,omitempty"`
+	Volumes    []VolumeStatus `json:"volumes"`
+	// Server is the NBD server's statistics snapshot.
+	Server any `json:"server,omitempty"`
+	// Extra holds sections added with Daemon.AddStatus (e.g. "replication").
+	Extra map[string]any `json:"extra,omitempty"`
+}
+
+// VolumeStatus is one volume in Status.
+type VolumeStatus struct {
+	VolumeInfo
+	Connections int          `json:"connections"`
+	Engine      *EngineStats `json:"engine,omitempty"`
+}
+
+// APIError is the JSON body of every non-2xx reply.
+type APIError struct {
+	Code    string `json:"code"`
+	Message string `json:"error"`
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+// Is maps codes back to sentinel errors.
+func (e *APIError) Is(target error) bool {
+	for code, err := range codeErrs {
+		if e.Code == code && target == err {
+			return true
+		}
+	}
+	return false
+}
+
+var codeErrs = map[string]error{
+	"not_found":    volume.ErrNotFound,
+	"exists":       volume.ErrExists,
+	"in_use":       volume.ErrInUse,
+	"shrink":       volume.ErrShrink,
+	"bad_size":     volume.ErrBadSize,
+	"invalid_name": volume.ErrInvalidName,
+}
+
+// apiError turns an internal error into a status code and APIError.
+func apiError(err error) (int, *APIError) {
+	for code, target := range codeErrs {
+		if errors.Is(err, target) {
+			st := http.StatusConflict
+			switch code {
+			case "not_found":
+				st = http.StatusNotFound
+			case "bad_size", "invalid_name":
+				st = http.StatusBadRequest
+			}
+			return st, &APIError{Code: code, Message: err.Error()}
+		}
+	}
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return http.StatusBadRequest, ae
+	}
+	return http.StatusInternalServerError, &APIError{Code: "internal", Message: err.Error()}
+}

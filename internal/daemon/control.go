@@ -1,0 +1,259 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/volume"
+)
+
+// maxBodyBytes bounds a control request body; real ones are < 1 KiB.
+const maxBodyBytes = 64 << 10
+
+func (d *Daemon) startControl() error {
+	ln, err := listenUnix(d.ControlPath())
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	// Only the owner (root, normally) may create or delete volumes.
+	os.Chmod(d.ControlPath(), 0o600)
+	d.ctlLn = ln
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", d.hStatus)
+	mux.HandleFunc("GET /v1/volumes", d.hList)
+	mux.HandleFunc("POST /v1/volumes", d.hCreate)
+	mux.HandleFunc("GET /v1/volumes/{name}", d.hInfo)
+	mux.HandleFunc("POST /v1/volumes/{name}/resize", d.hResize)
+	mux.HandleFunc("DELETE /v1/volumes/{name}", d.hDelete)
+	if d.cfg.Pprof {
+		registerPprof(mux)
+	}
+	d.ctlMux = mux
+	d.ctlSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+func registerPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeErr(w http.ResponseWriter, err error) {
+	st, ae := apiError(err)
+	writeJSON(w, st, ae)
+}
+
+func readJSON(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &APIError{Code: "bad_request", Message: "bad request body: " + err.Error()}
+	}
+	return nil
+}
+
+// allocatedBytes is st_blocks*512 of the raw file: what thin provisioning
+// actually uses on the host.
+func allocatedBytes(path string) int64 {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
+func (d *Daemon) info(m volume.Meta) VolumeInfo {
+	vi := VolumeInfo{Meta: m, Path: d.store.RawPath(m.Name), Allocated: allocatedBytes(d.store.RawPath(m.Name))}
+	if v := (*d.vols.Load())[m.Name]; v != nil {
+		vi.Open = true
+		vi.Exports = v.refs.Load()
+	}
+	return vi
+}
+
+func (d *Daemon) hList(w http.ResponseWriter, r *http.Request) {
+	list, err := d.store.List()
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := make([]VolumeInfo, 0, len(list))
+	for _, m := range list {
+		out = append(out, d.info(m))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (d *Daemon) hInfo(w http.ResponseWriter, r *http.Request) {
+	m, err := d.store.Get(r.PathValue("name"))
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d.info(m))
+}
+
+// CreateVolume creates a volume and starts exporting it.
+func (d *Daemon) CreateVolume(o volume.CreateOptions) (VolumeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m, err := d.store.Create(o)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	v, err := openVol(d.store, m, d.engineFor(m.Name), uint32(d.cfg.MaxPayload))
+	if err != nil {
+		// Do not leave a volume the daemon cannot serve (e.g. cache=none on
+		// tmpfs): the user gets the reason and can retry with other settings.
+		d.store.Delete(m.Name, true)
+		return VolumeInfo{}, err
+	}
+	d.publish(func(mm map[string]*vol) { mm[m.Name] = v })
+	d.log.Info("volume created", "volume", m.Name, "size", m.Size)
+	return d.info(m), nil
+}
+
+func (d *Daemon) hCreate(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if err := readJSON(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	o, err := req.Options()
+	if err != nil {
+		writeErr(w, fmt.Errorf("%w: %v", volume.ErrBadSize, err))
+		return
+	}
+	vi, err := d.CreateVolume(o)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, vi)
+}
+
+// ResizeVolume resizes a volume online; connected clients see the new size
+// when they reconnect.
+func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m, err := d.store.Resize(name, size, force)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	d.log.Info("volume resized", "volume", name, "size", size)
+	return d.info(m), nil
+}
+
+func (d *Daemon) hResize(w http.ResponseWriter, r *http.Request) {
+	var req ResizeRequest
+	if err := readJSON(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	size, err := volume.ParseSize(req.Size)
+	if err != nil {
+		writeErr(w, fmt.Errorf("%w: %v", volume.ErrBadSize, err))
+		return
+	}
+	vi, err := d.ResizeVolume(r.PathValue("name"), size, req.Force)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, vi)
+}
+
+// DeleteVolume deletes a volume. Without force it refuses while a client is
+// connected. With force, connected clients get EIO on every further request
+// and the engine is closed when the last one disconnects.
+func (d *Daemon) DeleteVolume(name string, force bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	v := (*d.vols.Load())[name]
+	if v != nil {
+		v.deleting.Store(true) // see registry.Open's INVARIANT
+	}
+	if err := d.store.Delete(name, force); err != nil {
+		if v != nil {
+			v.deleting.Store(false)
+		}
+		return err
+	}
+	if v != nil {
+		v.gone.Store(true)
+		d.publish(func(mm map[string]*vol) { delete(mm, name) })
+		if v.refs.Load() == 0 {
+			v.close()
+		}
+	}
+	d.log.Info("volume deleted", "volume", name, "force", force)
+	return nil
+}
+
+func (d *Daemon) hDelete(w http.ResponseWriter, r *http.Request) {
+	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
+	if err := d.DeleteVolume(r.PathValue("name"), force); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Status assembles the /v1/status document.
+func (d *Daemon) Status() Status {
+	st := Status{APIVersion: APIVersion, PID: os.Getpid(), DataDir: d.cfg.DataDir}
+	for _, ln := range d.nbdLns {
+		a := ln.Addr()
+		if a.Network() == "unix" {
+			st.Listeners = append(st.Listeners, "unix:"+a.String())
+		} else {
+			st.Listeners = append(st.Listeners, a.String())
+		}
+	}
+	if a := d.MetricsAddr(); a != nil {
+		st.Metrics = "http://" + a.String() + "/metrics"
+	}
+	list, _ := d.store.List()
+	vols := *d.vols.Load()
+	for _, m := range list {
+		vs := VolumeStatus{VolumeInfo: d.info(m), Connections: d.srv.Connections(m.Name)}
+		if v := vols[m.Name]; v != nil {
+			es := engineStats(v.eng.Stats())
+			vs.Engine = &es
+		}
+		st.Volumes = append(st.Volumes, vs)
+	}
+	st.Server = d.srv.Stats()
+	d.statusMu.Lock()
+	defer d.statusMu.Unlock()
+	if len(d.statusFn) > 0 {
+		st.Extra = map[string]any{}
+		for k, fn := range d.statusFn {
+			st.Extra[k] = fn()
+		}
+	}
+	return st
+}
+
+func (d *Daemon) hStatus(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, d.Status())
+}

@@ -1,0 +1,515 @@
+// Package daemon wires vmsan together: volume store -> backend -> I/O engine
+// -> export registry -> NBD listeners, plus the control socket, metrics and
+// signal-driven shutdown.
+//
+// Simplest use (what `vmsan serve` does):
+//
+//	d, err := daemon.New(config.Default(), daemon.Options{Out: os.Stdout})
+//	if err != nil { ... }
+//	err = d.Run(ctx) // until ctx is cancelled (SIGTERM), then drains and exits
+//
+// New binds every listener before returning, so tests can pass "127.0.0.1:0"
+// and read the real address from NBDAddrs.
+//
+// Shutdown order (Run, after ctx is done): stop the control socket, stop
+// accepting NBD connections and wait for in-flight requests to be replied
+// (server.Shutdown), close each engine (drain + sync) and backend, release
+// the data directory lock. A FLUSH acknowledged before shutdown is durable
+// by then; so is every write acknowledged before it, because engine Close
+// syncs.
+//
+// Concurrency: Daemon methods are safe for concurrent use. Control
+// operations that change the set of volumes are serialised by mu; the NBD
+// data path reads an immutable snapshot of the volume map and never takes mu.
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/volume"
+)
+
+// ControlSocketName is the control socket's file name inside the data dir.
+const ControlSocketName = "control.sock"
+
+// Options are the parts of a daemon that are not configuration.
+type Options struct {
+	// Out receives the human-readable start-up banner (QEMU command lines);
+	// nil discards it.
+	Out io.Writer
+	// Logger; nil logs to stderr at the configured level.
+	Logger *slog.Logger
+	// ShutdownTimeout bounds the drain on shutdown (default 30s).
+	ShutdownTimeout time.Duration
+}
+
+// Daemon is a running vmsan node.
+type Daemon struct {
+	cfg   config.Config
+	opts  Options
+	log   *slog.Logger
+	store *volume.Store
+	srv   *server.Server
+
+	mu   sync.Mutex                     // serialises changes to vols
+	vols atomic.Pointer[map[string]*vol] // copy-on-write snapshot
+
+	nbdLns    []net.Listener
+	ctlLn     net.Listener
+	ctlSrv    *http.Server
+	ctlMux    *http.ServeMux
+	metricsLn net.Listener
+	metrics   *http.Server
+
+	statusMu sync.Mutex
+	statusFn map[string]func() any
+
+	serveErr chan error
+	closed   atomic.Bool
+}
+
+// New opens the data directory, ensures the configured (or default) volumes
+// exist, opens them, and binds all listeners. Nothing is served until Run.
+func New(cfg config.Config, opts Options) (d *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Out == nil {
+		opts.Out = io.Discard
+	}
+	if opts.ShutdownTimeout == 0 {
+		opts.ShutdownTimeout = 30 * time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
+	}
+	d = &Daemon{cfg: cfg, opts: opts, log: log, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
+	empty := map[string]*vol{}
+	d.vols.Store(&empty)
+	defer func() {
+		if err != nil {
+			d.closeAll()
+		}
+	}()
+
+	if d.store, err = volume.Open(cfg.DataDir); err != nil {
+		return nil, err
+	}
+	d.store.SetHooks(volume.Hooks{InUse: d.inUse, Resize: d.resizeHook})
+	if err = d.ensureVolumes(); err != nil {
+		return nil, err
+	}
+	if err = d.openAll(); err != nil {
+		return nil, err
+	}
+
+	tlsCfg, err := loadTLS(cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	d.srv = server.New(server.Config{
+		Registry:   registry{d},
+		TLSConfig:  tlsCfg,
+		TLSMode:    tlsMode(cfg.TLS.Mode),
+		MaxPayload: uint32(cfg.MaxPayload),
+		Logger:     log,
+	})
+	for _, l := range cfg.Listeners() {
+		ln, err := listen(l)
+		if err != nil {
+			return nil, err
+		}
+		d.nbdLns = append(d.nbdLns, ln)
+	}
+	if err = d.startControl(); err != nil {
+		return nil, err
+	}
+	if cfg.MetricsListen != "" {
+		if err = d.startMetrics(); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func logLevel(s string) slog.Level {
+	switch s {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// ensureVolumes creates configured volumes that do not exist (and grows
+// ones the config declares larger), or the 10 GiB "default" volume when the
+// data directory is empty and the config declares none.
+func (d *Daemon) ensureVolumes() error {
+	for _, cv := range d.cfg.Volumes {
+		m, err := d.store.Get(cv.Name)
+		switch {
+		case errors.Is(err, volume.ErrNotFound):
+			_, err = d.store.Create(volume.CreateOptions{
+				Name: cv.Name, Size: int64(cv.Size), Cache: backendMode(cv.Cache), Rotational: cv.Rotational,
+				ReadOnly: cv.ReadOnly, Description: cv.Description, LogicalBlockSize: cv.BlockSize,
+			})
+			if err != nil {
+				return err
+			}
+			d.log.Info("created volume from config", "volume", cv.Name, "size", int64(cv.Size))
+		case err != nil:
+			return err
+		case int64(cv.Size) > m.Size:
+			if _, err := d.store.Resize(cv.Name, int64(cv.Size), false); err != nil {
+				return err
+			}
+			d.log.Info("grew volume to configured size", "volume", cv.Name, "size", int64(cv.Size))
+		case int64(cv.Size) < m.Size:
+			d.log.Warn("volume is larger than configured; not shrinking (use vmsan volume resize --force)", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size))
+		}
+	}
+	if len(d.cfg.Volumes) > 0 || d.cfg.NoDefaultVolume {
+		return nil
+	}
+	list, err := d.store.List()
+	if err != nil || len(list) > 0 {
+		return err
+	}
+	_, err = d.store.Create(volume.CreateOptions{Name: config.DefaultVolumeName, Size: config.DefaultVolumeSize, Description: "vmsan default volume"})
+	if err == nil {
+		d.log.Info("created default volume", "volume", config.DefaultVolumeName, "size", volume.HumanSize(config.DefaultVolumeSize))
+	}
+	return err
+}
+
+func (d *Daemon) engineFor(name string) config.Engine {
+	for _, cv := range d.cfg.Volumes {
+		if cv.Name == name {
+			return cv.Engine.Merge(d.cfg.Engine)
+		}
+	}
+	return d.cfg.Engine
+}
+
+// openAll opens every volume in the store. A volume that fails to open (for
+// example cache=none on a filesystem without O_DIRECT) is logged and left
+// unexported rather than taking the whole node down.
+func (d *Daemon) openAll() error {
+	list, err := d.store.List()
+	if err != nil {
+		return err
+	}
+	m := map[string]*vol{}
+	for _, meta := range list {
+		v, err := openVol(d.store, meta, d.engineFor(meta.Name), uint32(d.cfg.MaxPayload))
+		if err != nil {
+			d.log.Error("cannot open volume; not exporting it", "volume", meta.Name, "err", err)
+			continue
+		}
+		m[meta.Name] = v
+	}
+	d.vols.Store(&m)
+	return nil
+}
+
+// publish replaces the volume map snapshot. REQUIRES: d.mu held.
+func (d *Daemon) publish(fn func(m map[string]*vol)) {
+	old := *d.vols.Load()
+	n := make(map[string]*vol, len(old)+1)
+	for k, v := range old {
+		n[k] = v
+	}
+	fn(n)
+	d.vols.Store(&n)
+}
+
+// inUse is the store's InUse hook. It runs under the store mutex, so it only
+// reads atomics.
+func (d *Daemon) inUse(name string) bool {
+	v := (*d.vols.Load())[name]
+	return v != nil && v.refs.Load() > 0
+}
+
+// resizeHook is the store's Resize hook: an open volume is resized through
+// its backend so the size the next connection sees is the new one.
+func (d *Daemon) resizeHook(name string, size int64) (bool, error) {
+	v := (*d.vols.Load())[name]
+	if v == nil {
+		return false, nil
+	}
+	if err := v.be.Resize(size); err != nil {
+		return true, err
+	}
+	v.mu.Lock()
+	v.meta.Size = size
+	v.mu.Unlock()
+	return true, nil
+}
+
+func listen(l string) (net.Listener, error) {
+	if p, ok := strings.CutPrefix(l, "unix:"); ok {
+		return listenUnix(p)
+	}
+	ln, err := net.Listen("tcp", l)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", l, err)
+	}
+	return ln, nil
+}
+
+// listenUnix removes a stale socket file (one nobody answers on) before
+// binding, so a daemon killed with -9 can be restarted.
+func listenUnix(p string) (net.Listener, error) {
+	if st, err := os.Lstat(p); err == nil {
+		if st.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("listen unix:%s: exists and is not a socket", p)
+		}
+		if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen unix:%s: another process is serving on it", p)
+		}
+		os.Remove(p)
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", p)
+	if err != nil {
+		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
+	}
+	return ln, nil
+}
+
+func loadTLS(t config.TLS) (*tls.Config, error) {
+	if t.Mode == "" || t.Mode == "off" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("tls ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls ca %s: no certificates found", t.CA)
+		}
+		c.ClientCAs = pool
+		c.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return c, nil
+}
+
+// NBDAddrs returns the bound NBD listener addresses in configuration order.
+func (d *Daemon) NBDAddrs() []net.Addr {
+	out := make([]net.Addr, len(d.nbdLns))
+	for i, ln := range d.nbdLns {
+		out[i] = ln.Addr()
+	}
+	return out
+}
+
+// MetricsAddr is the bound metrics address, or nil.
+func (d *Daemon) MetricsAddr() net.Addr {
+	if d.metricsLn == nil {
+		return nil
+	}
+	return d.metricsLn.Addr()
+}
+
+// ControlPath is the control socket path.
+func (d *Daemon) ControlPath() string { return filepath.Join(d.cfg.DataDir, ControlSocketName) }
+
+// Store gives other subsystems (replication) access to the volume store.
+func (d *Daemon) Store() *volume.Store { return d.store }
+
+// Server is the NBD server (for its statistics).
+func (d *Daemon) Server() *server.Server { return d.srv }
+
+// Handle registers an extra control API endpoint (Go 1.22 ServeMux pattern,
+// e.g. "POST /v1/volumes/{name}/promote"). Call before Run.
+func (d *Daemon) Handle(pattern string, h http.Handler) { d.ctlMux.Handle(pattern, h) }
+
+// AddStatus adds a section to /v1/status under Extra[key]; fn is called on
+// every status request and must be safe for concurrent use.
+func (d *Daemon) AddStatus(key string, fn func() any) {
+	d.statusMu.Lock()
+	d.statusFn[key] = fn
+	d.statusMu.Unlock()
+}
+
+// Banner writes how to use the daemon: QEMU options and nbdinfo URLs for the
+// default export, on the first TCP and first Unix listener.
+func (d *Daemon) Banner(w io.Writer) {
+	vols := *d.vols.Load()
+	names := make([]string, 0, len(vols))
+	for n := range vols {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	exp := d.defaultExport(vols)
+	if exp == "" && len(names) > 0 {
+		exp = names[0]
+	}
+	fmt.Fprintf(w, "vmsan: serving %d volume(s) from %s: %s\n", len(names), d.cfg.DataDir, strings.Join(names, ", "))
+	if exp == "" {
+		fmt.Fprintf(w, "vmsan: no volumes; create one with: vmsan volume create NAME --size 20G --data-dir %s\n", d.cfg.DataDir)
+		return
+	}
+	if v := vols[exp]; v != nil {
+		fmt.Fprintf(w, "vmsan: volume %q is %s (%d bytes), cache=%s\n", exp, volume.HumanSize(v.be.Size()), v.be.Size(), v.meta.Cache)
+	}
+	var tcp, unix net.Addr
+	for _, ln := range d.nbdLns {
+		switch a := ln.Addr().(type) {
+		case *net.TCPAddr:
+			if tcp == nil {
+				tcp = a
+			}
+		case *net.UnixAddr:
+			if unix == nil {
+				unix = a
+			}
+		}
+	}
+	scheme := "nbd"
+	if d.cfg.TLS.Mode == "required" {
+		scheme = "nbds"
+	}
+	if tcp != nil {
+		ta := tcp.(*net.TCPAddr)
+		host := ta.IP.String()
+		if ta.IP.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+		hp := net.JoinHostPort(host, fmt.Sprint(ta.Port))
+		fmt.Fprintf(w, "\nUse it from QEMU with:\n")
+		fmt.Fprintf(w, "  -drive file=%s://%s/%s,format=raw,if=virtio,cache=none\n", scheme, hp, exp)
+		fmt.Fprintf(w, "or:\n")
+		fmt.Fprintf(w, "  -blockdev driver=nbd,server.type=inet,server.host=%s,server.port=%d,export=%s,node-name=disk0\n", host, ta.Port, exp)
+		fmt.Fprintf(w, "Inspect it with:\n")
+		fmt.Fprintf(w, "  nbdinfo %s://%s/%s\n", scheme, hp, exp)
+	}
+	if unix != nil {
+		sock := unix.String()
+		if abs, err := filepath.Abs(sock); err == nil {
+			sock = abs
+		}
+		fmt.Fprintf(w, "Over the Unix socket:\n")
+		fmt.Fprintf(w, "  nbdinfo 'nbd+unix:///%s?socket=%s'\n", exp, sock)
+	}
+	fmt.Fprintf(w, "Control: vmsan status --data-dir %s\n", d.cfg.DataDir)
+}
+
+// Run serves until ctx is done, then shuts down gracefully (see package
+// doc). It returns nil after a clean shutdown.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.Banner(d.opts.Out)
+	for _, ln := range d.nbdLns {
+		go func(ln net.Listener) {
+			if err := d.srv.Serve(ln); err != nil && !d.closed.Load() {
+				d.serveErr <- fmt.Errorf("nbd listener %s: %w", ln.Addr(), err)
+			}
+		}(ln)
+	}
+	go d.ctlSrv.Serve(d.ctlLn)
+	if d.metrics != nil {
+		go d.metrics.Serve(d.metricsLn)
+	}
+	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners())
+	var runErr error
+	select {
+	case <-ctx.Done():
+		d.log.Info("shutting down: draining in-flight requests")
+	case runErr = <-d.serveErr:
+		d.log.Error("listener failed; shutting down", "err", runErr)
+	}
+	if err := d.Shutdown(); err != nil && runErr == nil {
+		runErr = err
+	}
+	return runErr
+}
+
+// Shutdown stops serving, drains, flushes and releases everything.
+// Idempotent; Run calls it.
+func (d *Daemon) Shutdown() error {
+	if d.closed.Swap(true) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d.opts.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	if d.ctlSrv != nil {
+		d.ctlSrv.Shutdown(ctx)
+	}
+	if d.srv != nil {
+		if err := d.srv.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("nbd server shutdown: %w", err))
+		}
+	}
+	if d.metrics != nil {
+		d.metrics.Shutdown(ctx)
+	}
+	if err := d.closeAll(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		d.log.Info("shutdown complete: all volumes flushed")
+	}
+	return errors.Join(errs...)
+}
+
+// closeAll closes volumes, listeners and the store (also used to unwind a
+// failed New).
+func (d *Daemon) closeAll() error {
+	var errs []error
+	for _, ln := range d.nbdLns {
+		ln.Close() // already closed by server.Shutdown normally; harmless
+		if a, ok := ln.Addr().(*net.UnixAddr); ok {
+			os.Remove(a.Name)
+		}
+	}
+	if d.ctlLn != nil {
+		d.ctlLn.Close()
+		os.Remove(d.ControlPath())
+	}
+	if d.metricsLn != nil {
+		d.metricsLn.Close()
+	}
+	if p := d.vols.Load(); p != nil {
+		for name, v := range *p {
+			if err := v.close(); err != nil {
+				errs = append(errs, fmt.Errorf("volume %s: close: %w", name, err))
+			}
+		}
+	}
+	if d.store != nil {
+		d.store.Close()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,52 @@
+package daemon
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/metrics"
+	"github.com/vmsan/vmsan/internal/nbd/server"
+)
+
+func (d *Daemon) startMetrics() error {
+	ln, err := net.Listen("tcp", d.cfg.MetricsListen)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Handler(metricsSource{d}))
+	if d.cfg.Pprof {
+		registerPprof(mux)
+	}
+	d.metricsLn = ln
+	d.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+// metricsSource adapts the daemon to metrics.Source.
+type metricsSource struct{ d *Daemon }
+
+func (s metricsSource) Volumes() []metrics.Volume {
+	vols := *s.d.vols.Load()
+	out := make([]metrics.Volume, 0, len(vols))
+	for name, v := range vols {
+		es := v.eng.Stats()
+		mv := metrics.Volume{Name: name, Size: v.be.Size(), Allocated: allocatedBytes(s.d.store.RawPath(name)), Engine: &es}
+		if s.d.srv != nil {
+			mv.Connections = s.d.srv.Connections(name)
+		}
+		out = append(out, mv)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (s metricsSource) ServerStats() (server.Stats, bool) {
+	if s.d.srv == nil {
+		return server.Stats{}, false
+	}
+	return s.d.srv.Stats(), true
+}

@@ -331,7 +331,10 @@ func (o *op) done(r *ioengine.Request) {
 	if r.Err == nil && o.trimFUA {
 		o.trimFUA = false
 		r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
-		o.c.dev.Submit(r)
+		// Submit may block (engine backpressure) and we are on an engine
+		// goroutine: hand it off. Rare path (TRIM with FUA), so the
+		// goroutine's cost does not matter.
+		go o.c.dev.Submit(r)
 		return
 	}
 	if r.Err != nil {
@@ -374,6 +377,8 @@ func toErrno(err error) proto.Errno {
 		return proto.EINVAL
 	case errors.Is(err, syscall.ENOMEM):
 		return proto.ENOMEM
+	case errors.Is(err, syscall.ESHUTDOWN):
+		return proto.ESHUTDOWN
 	case errors.Is(err, syscall.EOPNOTSUPP):
 		return proto.ENOTSUP
 	}

@@ -1,0 +1,281 @@
+package server
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/export/exporttest"
+)
+
+const clientSize = 64 << 20
+
+// realServer serves a writeback file device "disk" and a read-only
+// rotational Mem device "ro" through a real ioengine.
+func realServer(t *testing.T, cfg Config) (*Server, string, *exporttest.Device) {
+	t.Helper()
+	disk := exporttest.NewFileDevice(t, "disk", clientSize, backend.CacheWriteback)
+	disk.Meta.Description = "vmsan test disk"
+	ro := exporttest.NewMemDevice(t, "ro", 1<<20)
+	ro.Meta.ReadOnly, ro.Meta.Rotational, ro.Meta.CanMultiConn = true, true, false
+	cfg.Registry = exporttest.NewRegistry(disk, ro)
+	srv, addr := startServer(t, cfg)
+	return srv, addr, disk
+}
+
+func run(t *testing.T, name string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return out.String(), err
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		return out.String(), fmt.Errorf("%s timed out", name)
+	}
+}
+
+func TestNbdinfo(t *testing.T) {
+	needTool(t, "nbdinfo")
+	_, addr, _ := realServer(t, Config{})
+	uri := "nbd://" + addr + "/disk"
+	out, err := run(t, "nbdinfo", "--json", uri)
+	if err != nil {
+		t.Fatalf("nbdinfo --json: %v\n%s", err, out)
+	}
+	var js struct {
+		Protocol   string `json:"protocol"`
+		Structured bool   `json:"structured"`
+		Exports    []map[string]any
+	}
+	if err := json.Unmarshal([]byte(out), &js); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if js.Protocol != "newstyle-fixed" || !js.Structured || len(js.Exports) != 1 {
+		t.Fatalf("json %s", out)
+	}
+	e := js.Exports[0]
+	want := map[string]any{
+		"export-name": "disk", "description": "vmsan test disk", "export-size": float64(clientSize),
+		"is_read_only": false, "is_rotational": false, "can_flush": true, "can_fua": true, "can_trim": true,
+		"can_zero": true, "can_fast_zero": true, "can_cache": true, "can_df": true, "can_multi_conn": true,
+		"block_size_minimum": float64(1), "block_size_preferred": float64(4096), "block_size_maximum": float64(32 << 20),
+	}
+	for k, v := range want {
+		if e[k] != v {
+			t.Errorf("%s = %v, want %v", k, e[k], v)
+		}
+	}
+	// --can for every flag: true on "disk", and the write-side ones false on "ro".
+	for _, f := range []string{"connect", "read", "write", "flush", "fua", "trim", "zero", "fast-zero", "cache", "df", "multi-conn", "structured-reply"} {
+		if out, err := run(t, "nbdinfo", "--can", f, uri); err != nil {
+			t.Errorf("--can %s on disk: %v %s", f, err, out)
+		}
+	}
+	rouri := "nbd://" + addr + "/ro"
+	for f, want := range map[string]bool{"write": false, "trim": false, "zero": false, "fast-zero": false, "multi-conn": false, "flush": true, "cache": true} {
+		_, err := run(t, "nbdinfo", "--can", f, rouri)
+		if (err == nil) != want {
+			t.Errorf("--can %s on ro: err %v, want %v", f, err, want)
+		}
+	}
+	for f, want := range map[string]bool{"read-only": true, "rotational": true} {
+		if _, err := run(t, "nbdinfo", "--is", f, rouri); (err == nil) != want {
+			t.Errorf("--is %s on ro: %v", f, err)
+		}
+	}
+	out, err = run(t, "nbdinfo", "--list", "--json", "nbd://"+addr)
+	if err != nil || !strings.Contains(out, `"disk"`) || !strings.Contains(out, `"ro"`) {
+		t.Errorf("--list: %v %s", err, out)
+	}
+}
+
+func TestQemuIOAndMap(t *testing.T) {
+	needTool(t, "qemu-io")
+	needTool(t, "nbdinfo")
+	needTool(t, "qemu-img")
+	_, addr, disk := realServer(t, Config{})
+	uri := "nbd://" + addr + "/disk"
+	cmds := []string{
+		"write -P 0x5a 0 1M",
+		"write -f -P 0xa5 4M 64k", // -f: FUA
+		"aio_write -P 0x11 8M 4k", "aio_write -P 0x12 8196k 4k", "aio_write -P 0x13 8200k 4k", "aio_flush",
+		"read -P 0x5a 0 1M",
+		"read -P 0xa5 4M 64k",
+		"read -P 0x12 8196k 4k",
+		"write -z 512k 256k",
+		"read -P 0 512k 256k",
+		"read -P 0x5a 768k 256k",
+		"discard 0 256k",
+		"read -P 0 0 256k",
+		"flush",
+	}
+	args := []string{"-f", "raw"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	out, err := run(t, "qemu-io", append(args, uri)...)
+	if err != nil || strings.Contains(out, "Pattern verification failed") || strings.Contains(out, "failed") {
+		t.Fatalf("qemu-io: %v\n%s", err, out)
+	}
+	// The discard punched a hole: nbdinfo --map and qemu-img map agree.
+	out, err = run(t, "nbdinfo", "--map", "--json", uri)
+	if err != nil {
+		t.Fatalf("--map: %v %s", err, out)
+	}
+	var ext []struct {
+		Offset int64 `json:"offset"`
+		Length int64 `json:"length"`
+		Type   int   `json:"type"`
+	}
+	if err := json.Unmarshal([]byte(out), &ext); err != nil {
+		t.Fatal(err, out)
+	}
+	if len(ext) < 3 || ext[0].Offset != 0 || ext[0].Length != 256<<10 || ext[0].Type != 3 || ext[1].Type != 0 {
+		t.Errorf("map %+v", ext)
+	}
+	out, err = run(t, "qemu-img", "map", "--output=json", "--image-opts", "driver=nbd,server.type=inet,server.host="+strings.Split(addr, ":")[0]+",server.port="+strings.Split(addr, ":")[1]+",export=disk")
+	if err != nil || !strings.Contains(out, `"start": 0, "length": 262144, "depth": 0, "present": true, "zero": true, "data": false`) {
+		t.Errorf("qemu-img map: %v\n%s", err, out[:min(len(out), 600)])
+	}
+	// What the client wrote reached the file.
+	buf := make([]byte, 4096)
+	if err := disk.Backend.ReadvAt([][]byte{buf}, 8196<<10); err != nil || !bytes.Equal(buf, bytes.Repeat([]byte{0x12}, 4096)) {
+		t.Errorf("backend content %x %v", buf[:8], err)
+	}
+}
+
+func TestUnixSocket(t *testing.T) {
+	needTool(t, "nbdinfo")
+	disk := exporttest.NewMemDevice(t, "disk", 1<<20)
+	srv := New(Config{Registry: exporttest.NewRegistry(disk)})
+	sock := filepath.Join(t.TempDir(), "nbd.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	defer srv.Shutdown(t.Context())
+	out, err := run(t, "nbdinfo", "--size", "nbd+unix:///disk?socket="+sock)
+	if err != nil || strings.TrimSpace(out) != "1048576" {
+		t.Fatalf("%v %q", err, out)
+	}
+}
+
+// writeCerts writes ca-cert.pem, server-cert.pem/key, client-cert.pem/key
+// into dir (the layout nbdkit, qemu and libnbd expect).
+func writeCerts(t *testing.T, dir string) (*x509.CertPool, tls.Certificate) {
+	t.Helper()
+	newKey := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	writePEM := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	caKey := newKey()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "vmsan test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	writePEM("ca-cert.pem", "CERTIFICATE", caDER)
+	issue := func(serial int64, cn string, usage x509.ExtKeyUsage, prefix string) tls.Certificate {
+		k := newKey()
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kd, _ := x509.MarshalPKCS8PrivateKey(k)
+		writePEM(prefix+"-cert.pem", "CERTIFICATE", der)
+		writePEM(prefix+"-key.pem", "PRIVATE KEY", kd)
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+	}
+	srvCert := issue(2, "localhost", x509.ExtKeyUsageServerAuth, "server")
+	issue(3, "client", x509.ExtKeyUsageClientAuth, "client")
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	return pool, srvCert
+}
+
+func TestTLS(t *testing.T) {
+	needTool(t, "nbdinfo")
+	needTool(t, "qemu-img")
+	dir := t.TempDir()
+	pool, cert := writeCerts(t, dir)
+	tcfg := &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	for _, mode := range []TLSMode{TLSRequired, TLSOptional, TLSOff} {
+		t.Run(mode.String(), func(t *testing.T) {
+			srv, addr, _ := realServer(t, Config{TLSConfig: tcfg, TLSMode: mode})
+			host, port, _ := net.SplitHostPort(addr)
+			// libnbd: nbds:// requires TLS; nbd:// never uses it.
+			_, tlsErr := run(t, "nbdinfo", "--size", "nbds://localhost:"+port+"/disk?tls-certificates="+dir)
+			out, plainErr := run(t, "nbdinfo", "--size", "nbd://"+addr+"/disk")
+			wantTLS, wantPlain := mode != TLSOff, mode != TLSRequired
+			if (tlsErr == nil) != wantTLS {
+				t.Errorf("nbdinfo over TLS: err %v, want success %v", tlsErr, wantTLS)
+			}
+			if (plainErr == nil) != wantPlain {
+				t.Errorf("nbdinfo plain: err %v (%s), want success %v", plainErr, out, wantPlain)
+			}
+			// qemu-img with x509 creds.
+			out, qerr := run(t, "qemu-img", "info", "--output=json",
+				"--object", "tls-creds-x509,id=tls0,dir="+dir+",endpoint=client",
+				"--image-opts", "driver=nbd,server.type=inet,server.host=localhost,server.port="+port+",export=disk,tls-creds=tls0")
+			if (qerr == nil) != wantTLS {
+				t.Errorf("qemu-img over TLS: err %v, want success %v\n%s", qerr, wantTLS, out)
+			}
+			if qerr == nil && !strings.Contains(out, fmt.Sprint(clientSize)) {
+				t.Errorf("qemu-img info: %s", out)
+			}
+			if got := srv.Stats().TLSHandshakes; (got > 0) != wantTLS {
+				t.Errorf("TLS handshakes %d", got)
+			}
+			_ = host
+		})
+	}
+}
+
+var _ export.Registry = (*exporttest.Registry)(nil)

@@ -87,7 +87,7 @@ type Daemon struct {
 
 // New opens the data directory, ensures the configured (or default) volumes
 // exist, opens them, and binds all listeners. Nothing is served until Run.
-func New(cfg config.Config, opts Options) (d *Daemon, err error) {
+func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -101,7 +101,7 @@ func New(cfg config.Config, opts Options) (d *Daemon, err error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
 	}
-	d = &Daemon{cfg: cfg, opts: opts, log: log, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
+	d := &Daemon{cfg: cfg, opts: opts, log: log, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
 	empty := map[string]*vol{}
 	d.vols.Store(&empty)
 	defer func() {

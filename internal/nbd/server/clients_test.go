@@ -23,6 +23,7 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
+	"github.com/vmsan/vmsan/internal/nbd/proto"
 )
 
 const clientSize = 64 << 20
@@ -279,3 +280,59 @@ func TestTLS(t *testing.T) {
 }
 
 var _ export.Registry = (*exporttest.Registry)(nil)
+
+// TestSTARTTLSResetsState drives STARTTLS by hand with crypto/tls: state
+// negotiated in clear text (structured replies) is dropped by the upgrade,
+// and in required mode nothing but STARTTLS/ABORT is served before it.
+func TestSTARTTLSResetsState(t *testing.T) {
+	dir := t.TempDir()
+	pool, cert := writeCerts(t, dir)
+	ccert, err := tls.LoadX509KeyPair(filepath.Join(dir, "client-cert.pem"), filepath.Join(dir, "client-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scfg := &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	ccfg := &tls.Config{Certificates: []tls.Certificate{ccert}, RootCAs: pool, ServerName: "localhost"}
+
+	_, addr, _ := realServer(t, Config{TLSConfig: scfg, TLSMode: TLSOptional})
+	rc := dialRaw(t, addr)
+	rc.flags(proto.FlagCFixedNewstyle | proto.FlagCNoZeroes)
+	if rs := rc.option(proto.OptStructuredReply, nil); rs[0].h.Type != proto.RepAck {
+		t.Fatal("structured")
+	}
+	if rs := rc.option(proto.OptStartTLS, []byte{1}); rs[0].h.Type != proto.RepErrInvalid {
+		t.Fatalf("STARTTLS with data: %v", rs[0].h.Type)
+	}
+	if rs := rc.option(proto.OptStartTLS, nil); rs[0].h.Type != proto.RepAck {
+		t.Fatalf("STARTTLS: %v", rs[0].h.Type)
+	}
+	tc := tls.Client(rc.c, ccfg)
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	rc.c = tc
+	if rs := rc.option(proto.OptStartTLS, nil); rs[0].h.Type != proto.RepErrInvalid {
+		t.Fatalf("second STARTTLS: %v", rs[0].h.Type)
+	}
+	rs := rc.option(proto.OptGo, proto.AppendInfoRequest(nil, "disk", nil))
+	in, _ := proto.ParseInfo(rs[0].data)
+	if in.Export.Flags&proto.FlagSendDF != 0 {
+		t.Errorf("structured replies survived STARTTLS: flags %#x", in.Export.Flags)
+	}
+	// Simple replies now: a READ answers with the simple magic.
+	if r := rc.do(proto.Request{Type: proto.CmdRead, Cookie: 1, Length: 4096}, nil); r.errno != 0 || len(r.chunks) != 0 || len(r.data) != 4096 {
+		t.Errorf("read over TLS %+v", r)
+	}
+
+	// Required mode: everything but STARTTLS/ABORT gets TLS_REQD; EXPORT_NAME closes.
+	_, addr, _ = realServer(t, Config{TLSConfig: scfg, TLSMode: TLSRequired})
+	rc = dialRaw(t, addr)
+	rc.flags(proto.FlagCFixedNewstyle | proto.FlagCNoZeroes)
+	for _, o := range []proto.Opt{proto.OptList, proto.OptStructuredReply, proto.OptGo, proto.OptInfo, 999} {
+		if rs := rc.option(o, nil); rs[0].h.Type != proto.RepErrTLSReqd {
+			t.Errorf("%v before TLS: %v", o, rs[0].h.Type)
+		}
+	}
+	rc.send(proto.AppendOption(nil, proto.OptExportName, []byte("disk")))
+	rc.expectClosed()
+}

@@ -263,6 +263,9 @@ func (c *conn) startTLS() error {
 	c.s.ctr.tlsHandshakes.Add(1)
 	c.rw = tc
 	c.tls = true
+	// The spec: no negotiation state from before STARTTLS survives it
+	// (a man in the middle could have injected it).
+	c.structured, c.metaOK, c.metaExport = false, false, ""
 	return nil
 }
 

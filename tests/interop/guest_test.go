@@ -16,14 +16,20 @@ import (
 )
 
 // guestSeq4K is how many sequential 4 KiB O_DIRECT writes the guest issues
-// after the pattern (seed 002's workload); the region is verified too.
-const guestSeq4K = 1024
+// after the pattern (QD1: dd waits for each); guestSeqBuf how many buffered
+// 4 KiB writes it then issues with its own merging disabled (many in flight:
+// seed 002's workload). Both regions are verified too.
+const (
+	guestSeq4K  = 1024
+	guestSeqBuf = 1024
+)
 
 // TestQEMUGuest boots a Debian cloud kernel with a busybox initramfs under
 // TCG whose virtio disk is the export (cache=none: O_DIRECT on the QEMU
 // side). The guest writes scripts/guest's 4 MiB random pattern at 1 MiB with
 // O_DIRECT + fsync, reads it back with O_DIRECT, then writes 4 MiB as 4 KiB
-// O_DIRECT writes at 8 MiB, and powers off. The server is then stopped
+// O_DIRECT writes at 8 MiB, then 4 MiB as buffered 4 KiB writes at 16 MiB
+// with the guest's merging disabled, and powers off. The server is then stopped
 // (SIGTERM), restarted, and both regions are read back through nbdcopy and
 // compared with the pattern on the host.
 func TestQEMUGuest(t *testing.T) {
@@ -43,7 +49,7 @@ func TestQEMUGuest(t *testing.T) {
 		"-accel", "tcg", "-m", "512", "-nographic", "-no-reboot", "-nic", "none",
 		"-kernel", filepath.Join(guest, "vmlinuz"),
 		"-initrd", filepath.Join(guest, "initramfs.gz"),
-		"-append", "console=ttyS0 panic=-1 quiet vmsan.off=1 vmsan.seq4k=" + strconv.Itoa(guestSeq4K),
+		"-append", "console=ttyS0 panic=-1 quiet vmsan.off=1 vmsan.seq4k=" + strconv.Itoa(guestSeq4K) + " vmsan.seqbuf=" + strconv.Itoa(guestSeqBuf),
 		"-drive", "file=" + tg.uri() + ",format=raw,if=virtio,cache=none",
 	}
 	cmd := exec.CommandContext(ctx, "qemu-system-x86_64", args...)
@@ -65,7 +71,7 @@ func TestQEMUGuest(t *testing.T) {
 		t.Fatalf("qemu-system-x86_64: %v\nconsole tail:\n%s", runErr, tail(string(out)))
 	}
 	report := strings.Join(lines, "\n")
-	for _, want := range []string{"PATTERN-OK", "SEQ4K-OK", "DONE OK"} {
+	for _, want := range []string{"PATTERN-OK", "SEQ4K-OK", "SEQBUF-OK", "DONE OK"} {
 		if !strings.Contains(report, want) {
 			t.Fatalf("guest did not report %s; console tail:\n%s", want, tail(string(out)))
 		}
@@ -91,8 +97,12 @@ func TestQEMUGuest(t *testing.T) {
 	if n := int64(guestSeq4K) * 4 * KiB; !bytes.Equal(got[8*MiB:8*MiB+n], pattern[:n]) {
 		t.Fatalf("sequential 4 KiB region at 8 MiB differs after restart (first difference at +%d)", firstDiff(got[8*MiB:8*MiB+n], pattern[:n]))
 	}
+	if n := int64(guestSeqBuf) * 4 * KiB; !bytes.Equal(got[16*MiB:16*MiB+n], pattern[:n]) {
+		t.Fatalf("buffered 4 KiB region at 16 MiB differs after restart (first difference at +%d)", firstDiff(got[16*MiB:16*MiB+n], pattern[:n]))
+	}
 	// Nothing else was written: the rest reads as zeroes.
-	if !allZero(got[:1*MiB]) || !allZero(got[5*MiB:8*MiB]) || !allZero(got[8*MiB+int64(guestSeq4K)*4*KiB:]) {
+	if !allZero(got[:1*MiB]) || !allZero(got[5*MiB:8*MiB]) || !allZero(got[8*MiB+int64(guestSeq4K)*4*KiB:16*MiB]) ||
+		!allZero(got[16*MiB+int64(guestSeqBuf)*4*KiB:]) {
 		t.Fatalf("bytes outside the guest's writes are not zero")
 	}
 }
@@ -165,7 +175,10 @@ func logServerStats(t testing.TB, tg *target) {
 			v.Name, e.Requests, e.BackendOps, e.MergeRatio, e.Raw.Requests.Write, meanReq, e.MeanWriteBytes)
 	}
 	if len(st.Server) > 0 {
-		t.Logf("NBD server stats: %s", tail(string(st.Server)))
+		var b bytes.Buffer
+		if json.Compact(&b, st.Server) == nil {
+			t.Logf("NBD server stats: %s", tail(b.String()))
+		}
 	}
 }
 

@@ -129,6 +129,12 @@ var (
 
 // AppendEncode appends m's frame to dst.
 func AppendEncode(dst []byte, m *Message) []byte {
+	return append(AppendHeader(dst, m), m.Data...)
+}
+
+// AppendHeader appends only m's frame header (announcing len(m.Data)
+// payload bytes), so a writer can send a large payload without copying it.
+func AppendHeader(dst []byte, m *Message) []byte {
 	var h [HeaderSize]byte
 	binary.BigEndian.PutUint32(h[0:], wireMagic)
 	h[4] = byte(m.Type)
@@ -139,8 +145,7 @@ func AppendEncode(dst []byte, m *Message) []byte {
 	binary.BigEndian.PutUint64(h[24:], uint64(m.Length))
 	binary.BigEndian.PutUint32(h[32:], uint32(len(m.Data)))
 	// h[36:40] reserved, zero.
-	dst = append(dst, h[:]...)
-	return append(dst, m.Data...)
+	return append(dst, h[:]...)
 }
 
 // DecodeHeader parses a header and returns the payload length to read next.

@@ -1,0 +1,66 @@
+package driver
+
+import (
+	"fmt"
+	"syscall"
+
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/ioengine"
+)
+
+// Wrap returns the device front ends should use for this volume: reads go
+// straight to the local engine; writes, trims, zeroes and flushes go
+// through replication (and are refused on a secondary).
+func (r *Replica) Wrap(dev export.Device) export.Device { return &device{Device: dev, r: r} }
+
+type device struct {
+	export.Device
+	r *Replica
+}
+
+func (d *device) Info() export.Info {
+	i := d.Device.Info()
+	if st := d.r.Status(); st.Role != "Primary" {
+		// Secondaries export read-only; NBD clients then never send writes.
+		i.ReadOnly = true
+	}
+	return i
+}
+
+var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in progress): %w", syscall.EIO)
+
+func (d *device) Submit(req *ioengine.Request) {
+	switch req.Op {
+	case ioengine.OpRead, ioengine.OpCache:
+		if st := d.r.Status(); st.Disk != "UpToDate" {
+			finish(req, errNotUpToDate)
+			return
+		}
+		d.Device.Submit(req)
+		return
+	case ioengine.OpWriteZeroes:
+		if req.FastZero {
+			// The peer's zeroing speed is unknown: NBD lets us refuse.
+			finish(req, backend.ErrNotFast)
+			return
+		}
+	}
+	d.r.waitSendRoom()
+	select {
+	case d.r.events <- event{kind: evPropose, req: req}:
+	case <-d.r.done:
+		finish(req, fmt.Errorf("repl: replica stopped: %w", syscall.EIO))
+	}
+}
+
+// waitSendRoom applies protocol-A backpressure: a client blocks while too
+// much replicated data waits to be sent.
+func (r *Replica) waitSendRoom() {
+	r.sendMu.Lock()
+	s := r.curSender
+	r.sendMu.Unlock()
+	if s != nil {
+		s.waitBelow(sendBudgetBytes)
+	}
+}

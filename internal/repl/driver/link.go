@@ -1,0 +1,381 @@
+package driver
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/repl"
+)
+
+// Channel hello, sent first on each TCP connection by the dialer:
+//
+//	magic u32 "VMRC" | version u8 | channel u8 (0 data, 1 control) |
+//	epoch u64 | name length u16 | name
+//
+// The acceptor pairs the data and control connections of one attempt by
+// epoch, and checks the volume name so a misconfigured peer is refused.
+const (
+	chanMagic   = 0x564d5243
+	chanVersion = 1
+	chData      = 0
+	chControl   = 1
+	maxNameLen  = 255
+)
+
+func writeChanHello(c net.Conn, ch byte, epoch uint64, name string) error {
+	b := make([]byte, 0, 16+len(name))
+	b = binary.BigEndian.AppendUint32(b, chanMagic)
+	b = append(b, chanVersion, ch)
+	b = binary.BigEndian.AppendUint64(b, epoch)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(name)))
+	b = append(b, name...)
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Write(b)
+	c.SetWriteDeadline(time.Time{})
+	return err
+}
+
+func readChanHello(c net.Conn) (ch byte, epoch uint64, name string, err error) {
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	var h [16]byte
+	if _, err = io.ReadFull(c, h[:]); err != nil {
+		return
+	}
+	if binary.BigEndian.Uint32(h[0:]) != chanMagic || h[4] != chanVersion || h[5] > chControl {
+		return 0, 0, "", errors.New("repl: bad channel hello")
+	}
+	n := binary.BigEndian.Uint16(h[14:])
+	if n > maxNameLen {
+		return 0, 0, "", errors.New("repl: volume name too long")
+	}
+	nb := make([]byte, n)
+	if _, err = io.ReadFull(c, nb); err != nil {
+		return
+	}
+	return h[5], binary.BigEndian.Uint64(h[6:]), string(nb), nil
+}
+
+type pendingPair struct {
+	data, ctl net.Conn
+	at        time.Time
+}
+
+func (r *Replica) acceptLoop() {
+	defer r.wg.Done()
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			ch, epoch, name, err := readChanHello(c)
+			if err != nil || name != r.name {
+				if err == nil {
+					err = fmt.Errorf("peer connected for volume %q", name)
+				}
+				r.log.Warn("refusing replication connection", "remote", c.RemoteAddr(), "err", err)
+				c.Close()
+				return
+			}
+			select {
+			case r.events <- event{kind: evConn, ch: ch, epoch: epoch, conn: c}:
+			case <-r.stop:
+				c.Close()
+			}
+		}()
+	}
+}
+
+func (r *Replica) dialLoop() {
+	defer r.wg.Done()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	var attempt uint64 = uint64(time.Now().UnixNano())
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+		if !r.wantDial.Load() {
+			continue
+		}
+		attempt++
+		d := net.Dialer{Timeout: 2 * time.Second}
+		data, err := d.Dial("tcp", r.set.Peer)
+		if err != nil {
+			continue
+		}
+		ctl, err := d.Dial("tcp", r.set.Peer)
+		if err != nil {
+			data.Close()
+			continue
+		}
+		if writeChanHello(data, chData, attempt, r.name) != nil || writeChanHello(ctl, chControl, attempt, r.name) != nil {
+			data.Close()
+			ctl.Close()
+			continue
+		}
+		r.wantDial.Store(false)
+		ok := true
+		for _, e := range []event{{kind: evConn, ch: chData, epoch: attempt, conn: data}, {kind: evConn, ch: chControl, epoch: attempt, conn: ctl}} {
+			select {
+			case r.events <- e:
+			case <-r.stop:
+				ok = false
+			}
+		}
+		if !ok {
+			data.Close()
+			ctl.Close()
+			return
+		}
+	}
+}
+
+// addHalf pairs connections (loop only). A complete pair replaces any
+// current link: the peer would not dial or accept anew if it still
+// believed in the old one (e.g. it restarted).
+func (r *Replica) addHalf(ev event) {
+	for ep, p := range r.pending {
+		if time.Since(p.at) > 10*time.Second {
+			closeIf(p.data)
+			closeIf(p.ctl)
+			delete(r.pending, ep)
+		}
+	}
+	p := r.pending[ev.epoch]
+	if p == nil {
+		p = &pendingPair{at: time.Now()}
+		r.pending[ev.epoch] = p
+	}
+	if ev.ch == chData {
+		closeIf(p.data)
+		p.data = ev.conn
+	} else {
+		closeIf(p.ctl)
+		p.ctl = ev.conn
+	}
+	if p.data == nil || p.ctl == nil {
+		return
+	}
+	delete(r.pending, ev.epoch)
+	if r.node.Status().Conn == repl.StandAlone {
+		// Administratively disconnected or split brain: refuse.
+		p.data.Close()
+		p.ctl.Close()
+		return
+	}
+	if r.link != nil {
+		r.dropLink()
+		r.node.Disconnect("replaced by a new connection")
+		r.process()
+	}
+	r.epoch++
+	r.rxReset()
+	l := newLink(r, r.epoch, p.data, p.ctl)
+	r.link = l
+	r.sendMu.Lock()
+	r.curSender = l.dataW
+	r.sendMu.Unlock()
+	r.log.Info("replication connected", "peer", p.data.RemoteAddr())
+	r.node.Listen()
+	r.node.Connect()
+}
+
+func closeIf(c net.Conn) {
+	if c != nil {
+		c.Close()
+	}
+}
+
+func (r *Replica) dropLink() {
+	if r.link == nil {
+		return
+	}
+	r.link.close()
+	r.link = nil
+	r.sendMu.Lock()
+	r.curSender = nil
+	r.sendMu.Unlock()
+}
+
+// link is one established pair of connections.
+type link struct {
+	epoch     uint64
+	data, ctl net.Conn
+	dataW     *sender
+	ctlW      *sender
+	once      sync.Once
+}
+
+func newLink(r *Replica, epoch uint64, data, ctl net.Conn) *link {
+	if tc, ok := data.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	if tc, ok := ctl.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	l := &link{epoch: epoch, data: data, ctl: ctl}
+	fail := func(err error) {
+		select {
+		case r.events <- event{kind: evLinkErr, epoch: epoch, err: err}:
+		case <-r.stop:
+		}
+	}
+	l.dataW = newSender(data, fail)
+	l.ctlW = newSender(ctl, fail)
+	go r.readConn(epoch, data, true, fail)
+	go r.readConn(epoch, ctl, false, fail)
+	return l
+}
+
+func (l *link) send(m repl.Message) {
+	if m.Type.Control() {
+		l.ctlW.push(m)
+	} else {
+		l.dataW.push(m)
+	}
+}
+
+func (l *link) close() {
+	l.once.Do(func() {
+		l.data.Close()
+		l.ctl.Close()
+		l.dataW.close()
+		l.ctlW.close()
+	})
+}
+
+// readConn decodes frames and hands them to the loop. Every length is
+// bounded by DecodeHeader before the payload is allocated.
+func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(error)) {
+	br := bufio.NewReaderSize(c, 256<<10)
+	var h [repl.HeaderSize]byte
+	for {
+		if _, err := io.ReadFull(br, h[:]); err != nil {
+			fail(fmt.Errorf("read: %w", err))
+			return
+		}
+		var m repl.Message
+		n, err := repl.DecodeHeader(h[:], &m)
+		if err != nil {
+			fail(err)
+			return
+		}
+		if n > 0 {
+			// A fresh buffer per frame: the node keeps the payload until
+			// it is applied.
+			m.Data = make([]byte, n)
+			if _, err := io.ReadFull(br, m.Data); err != nil {
+				fail(fmt.Errorf("read: %w", err))
+				return
+			}
+		}
+		if isData && (m.Type == repl.MsgData || m.Type == repl.MsgRSData || m.Type == repl.MsgRSZero) {
+			if m.Op != repl.OpFlush {
+				if !r.rxAcquire(int64(len(m.Data))) {
+					return
+				}
+			}
+		}
+		select {
+		case r.events <- event{kind: evMsg, epoch: epoch, msg: m}:
+		case <-r.stop:
+			return
+		}
+	}
+}
+
+// sender is a connection's writer: an unbounded FIFO drained by one
+// goroutine through a buffered writer, flushed when the FIFO runs dry.
+type sender struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	q      []repl.Message
+	bytes  int64
+	closed bool
+}
+
+func newSender(c net.Conn, fail func(error)) *sender {
+	s := &sender{}
+	s.cond = sync.NewCond(&s.mu)
+	go s.run(c, fail)
+	return s
+}
+
+func (s *sender) push(m repl.Message) {
+	s.mu.Lock()
+	s.q = append(s.q, m)
+	s.bytes += int64(len(m.Data))
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+func (s *sender) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// waitBelow blocks while more than limit payload bytes are queued (used to
+// push back on clients under protocol A, where nothing else would).
+func (s *sender) waitBelow(limit int64) {
+	s.mu.Lock()
+	for s.bytes > limit && !s.closed {
+		s.cond.Wait()
+	}
+	s.mu.Unlock()
+}
+
+func (s *sender) run(c net.Conn, fail func(error)) {
+	bw := bufio.NewWriterSize(c, 256<<10)
+	var hdr []byte
+	for {
+		s.mu.Lock()
+		for len(s.q) == 0 && !s.closed {
+			s.mu.Unlock()
+			if err := bw.Flush(); err != nil {
+				fail(err)
+				s.close()
+				return
+			}
+			s.mu.Lock()
+			if len(s.q) == 0 && !s.closed {
+				s.cond.Wait()
+			}
+		}
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		batch := s.q
+		s.q = nil
+		s.mu.Unlock()
+		for _, m := range batch {
+			hdr = repl.AppendHeader(hdr[:0], &m)
+			if _, err := bw.Write(hdr); err != nil {
+				fail(err)
+				s.close()
+				return
+			}
+			if _, err := bw.Write(m.Data); err != nil {
+				fail(err)
+				s.close()
+				return
+			}
+			s.mu.Lock()
+			s.bytes -= int64(len(m.Data))
+			s.mu.Unlock()
+			s.cond.Broadcast()
+		}
+	}
+}

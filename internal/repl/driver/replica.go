@@ -1,0 +1,569 @@
+// Package driver runs a repl.Node for real: TCP connections (one for data,
+// one for control, so pings and acks never queue behind bulk data), a
+// ticker, the volume's I/O engine (through its export.Device), and the
+// persistence of generations, activity log and bitmap.
+//
+// Simplest use (what the daemon plugin in plugin.go does per volume):
+//
+//	r, err := driver.Start(driver.Options{Name: "vm1", Dir: dir, Device: dev, Settings: s})
+//	front := r.Wrap(dev)   // hand this to the NBD server instead of dev
+//	...
+//	r.Close()              // clean stop: bitmap complete on disk
+//
+// Concurrency: one goroutine (the loop) owns the repl.Node; everything else
+// (network readers and writers, the apply submitter, the resync reader,
+// client Submit calls, admin calls) talks to it through channels and
+// queues, and no blocking I/O ever runs on the loop except metadata
+// persistence (small atomic files). All exported methods are safe for
+// concurrent use.
+package driver
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/repl"
+)
+
+// Options configure a Replica.
+type Options struct {
+	Name     string // volume name (also checked in the connection hello)
+	Dir      string // where meta.json, al.json, bitmap.bin live
+	Device   export.Device
+	Settings Settings
+	Logger   *slog.Logger
+}
+
+// Replica is one replicated volume on this node.
+type Replica struct {
+	name string
+	set  Settings
+	dev  export.Device
+	st   state
+	log  *slog.Logger
+	tick time.Duration
+
+	node *repl.Node // loop only
+
+	events chan event
+	comp   compQueue
+	applyQ fifo[repl.Apply]
+	readQ  fifo[repl.Read]
+
+	clients  map[uint64]*ioengine.Request // loop only
+	link     *link                        // loop only
+	epoch    uint64                       // loop only
+	pending  map[uint64]*pendingPair      // loop only: accepted halves
+	inflight atomic.Int64                 // applies submitted and not completed
+
+	// rxBudget bounds stream data received but not yet applied, so a slow
+	// secondary disk pushes back on the TCP data connection (and so on the
+	// primary) instead of growing memory; pings are unaffected.
+	rxMu    sync.Mutex
+	rxCond  *sync.Cond
+	rxBytes int64
+
+	// curSender is the current data sender, for client backpressure.
+	sendMu    sync.Mutex
+	curSender *sender
+
+	ln       net.Listener
+	wantDial atomic.Bool
+	dialer   bool
+
+	statusMu sync.Mutex
+	status   Status
+	eta      etaEstimator
+
+	stop     chan struct{}
+	done     chan struct{}
+	closed   atomic.Bool
+	wg       sync.WaitGroup
+	closeErr error
+}
+
+const (
+	rxBudgetBytes   = 64 << 20
+	sendBudgetBytes = 64 << 20
+)
+
+type evKind uint8
+
+const (
+	evMsg evKind = iota + 1
+	evLinkErr
+	evConn
+	evPropose
+	evFn
+)
+
+type event struct {
+	kind  evKind
+	epoch uint64
+	msg   repl.Message
+	err   error
+	req   *ioengine.Request
+	fn    func()
+	ch    byte
+	conn  net.Conn
+}
+
+// Start opens (or initialises) the replication state and starts the loop,
+// the listener and (if this side dials) the dialer.
+func Start(o Options) (*Replica, error) {
+	s := o.Settings
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	proto, _ := repl.ParseProtocol(s.Protocol)
+	sb, _ := repl.ParseSplitBrainPolicy(s.SplitBrain)
+	if s.TickMillis <= 0 {
+		s.TickMillis = 100
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("volume", o.Name, "component", "repl")
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	st := state{dir: o.Dir}
+	m, words, al, found, err := st.load()
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		m = repl.Meta{Disk: repl.Inconsistent, Clean: true}
+		if s.Role == "primary" {
+			// A primary from the start owns the data it has: UpToDate.
+			m.Disk = repl.UpToDate
+		}
+	}
+	cfg := repl.Config{
+		NodeID: s.NodeID, Size: o.Device.Info().Size, Protocol: proto, SplitBrain: sb,
+		PingInterval: s.PingInterval, PingTimeout: s.PingTimeout, KoTicks: s.KoTicks,
+		Checksum: s.Checksum, Rand: randGen,
+	}
+	if s.ResyncRate > 0 {
+		cfg.ResyncRate = max(1, s.ResyncRate*int64(s.TickMillis)/1000)
+		cfg.ResyncMinRate = s.ResyncMinRate * int64(s.TickMillis) / 1000
+	}
+	r := &Replica{
+		name: o.Name, set: s, dev: o.Device, st: st, log: log,
+		tick:    time.Duration(s.TickMillis) * time.Millisecond,
+		node:    repl.NewNode(cfg, m, words, al),
+		events:  make(chan event, 1024),
+		clients: make(map[uint64]*ioengine.Request),
+		pending: make(map[uint64]*pendingPair),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		dialer:  s.Listen < s.Peer,
+	}
+	r.rxCond = sync.NewCond(&r.rxMu)
+	r.comp.init()
+	r.applyQ.init()
+	r.readQ.init()
+	if !found && s.Role == "primary" {
+		if err := r.node.Promote(true, time.Now().UnixNano()); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.process(); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", s.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
+	}
+	r.ln = ln
+	r.node.Listen()
+	r.process()
+	r.publish()
+	r.wg.Add(4)
+	go r.loop()
+	go r.acceptLoop()
+	go r.submitter()
+	go r.resyncReader()
+	if r.dialer {
+		r.wg.Add(1)
+		go r.dialLoop()
+	}
+	return r, nil
+}
+
+func randGen() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+// Addr is the replication listener's address.
+func (r *Replica) Addr() net.Addr { return r.ln.Addr() }
+
+// ---- the loop ----
+
+func (r *Replica) loop() {
+	defer r.wg.Done()
+	defer close(r.done)
+	t := time.NewTicker(r.tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case ev := <-r.events:
+			r.handle(ev)
+		case <-r.comp.notify:
+			r.drainCompletions()
+		case <-t.C:
+			r.node.Tick()
+		}
+		if err := r.process(); err != nil {
+			// Metadata could not be persisted: continuing could acknowledge
+			// writes whose out-of-sync state is not durable. Stop.
+			r.log.Error("replication metadata write failed; stopping replication", "err", err)
+			r.failAll(err)
+			return
+		}
+		r.wantDial.Store(r.link == nil && r.node.Status().Conn == repl.Connecting)
+		r.publish()
+	}
+}
+
+func (r *Replica) handle(ev event) {
+	switch ev.kind {
+	case evMsg:
+		if r.link != nil && ev.epoch == r.link.epoch {
+			r.node.Step(ev.msg)
+		}
+	case evLinkErr:
+		if r.link != nil && ev.epoch == r.link.epoch {
+			r.log.Warn("replication link lost", "err", ev.err)
+			r.dropLink()
+			r.node.Disconnect(ev.err.Error())
+		}
+	case evConn:
+		r.addHalf(ev)
+	case evPropose:
+		r.propose(ev.req)
+	case evFn:
+		ev.fn()
+	}
+}
+
+func (r *Replica) propose(req *ioengine.Request) {
+	w := repl.Write{Offset: req.Offset, Length: req.Length, FUA: req.FUA, NoHole: req.NoHole}
+	switch req.Op {
+	case ioengine.OpWrite:
+		w.Op, w.Data = repl.OpWrite, req.Data
+	case ioengine.OpTrim:
+		w.Op = repl.OpTrim
+	case ioengine.OpWriteZeroes:
+		w.Op = repl.OpZero
+	case ioengine.OpFlush:
+		w.Op = repl.OpFlush
+	}
+	id, err := r.node.Propose(w)
+	if err != nil {
+		finish(req, mapErr(err))
+		return
+	}
+	r.clients[id] = req
+}
+
+func mapErr(err error) error {
+	switch {
+	case errors.Is(err, repl.ErrNotPrimary):
+		return fmt.Errorf("%w: %w", err, syscall.EROFS)
+	case errors.Is(err, repl.ErrOutOfRange):
+		return fmt.Errorf("%w: %w", err, syscall.EINVAL)
+	}
+	return fmt.Errorf("%w: %w", err, syscall.EIO)
+}
+
+func finish(req *ioengine.Request, err error) {
+	req.Err = err
+	if req.Done != nil {
+		req.Done(req)
+	}
+}
+
+// process drains the node's Ready in the documented order.
+func (r *Replica) process() error {
+	for r.node.HasReady() {
+		rd := r.node.Ready()
+		if err := r.st.persist(rd.Persist); err != nil {
+			return err
+		}
+		for _, m := range rd.Send {
+			if r.link != nil {
+				r.link.send(m)
+			}
+		}
+		for _, a := range rd.Apply {
+			r.inflight.Add(1)
+			r.applyQ.push(a)
+		}
+		for _, rd := range rd.Reads {
+			r.readQ.push(rd)
+		}
+		for _, rel := range rd.Release {
+			if req, ok := r.clients[rel.ID]; ok {
+				delete(r.clients, rel.ID)
+				var err error
+				if rel.Err != nil {
+					err = rel.Err
+				}
+				finish(req, err)
+			}
+		}
+		if rd.Disconnect != "" {
+			r.log.Warn("replication disconnect", "reason", rd.Disconnect)
+			r.dropLink()
+		}
+	}
+	return nil
+}
+
+func (r *Replica) drainCompletions() {
+	for _, c := range r.comp.take() {
+		if c.read {
+			r.node.ReadDone(c.id, c.pieces, c.err)
+			continue
+		}
+		r.inflight.Add(-1)
+		if _, client := r.clients[c.id]; !client {
+			r.rxRelease(c.bytes)
+		}
+		r.node.LocalDone(c.id, c.err)
+	}
+}
+
+func (r *Replica) failAll(err error) {
+	for id, req := range r.clients {
+		delete(r.clients, id)
+		finish(req, fmt.Errorf("replication stopped: %w: %w", err, syscall.EIO))
+	}
+	r.dropLink()
+}
+
+// ---- local I/O ----
+
+// submitter applies in the node's order: one goroutine, so the engine sees
+// writes in exactly the order the state machine emitted them.
+func (r *Replica) submitter() {
+	defer r.wg.Done()
+	for {
+		a, ok := r.applyQ.pop(r.stop)
+		if !ok {
+			return
+		}
+		req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID}
+		switch a.Op {
+		case repl.OpWrite:
+			req.Op = ioengine.OpWrite
+		case repl.OpTrim:
+			req.Op = ioengine.OpTrim
+		case repl.OpZero:
+			req.Op, req.NoHole = ioengine.OpWriteZeroes, a.NoHole
+		case repl.OpFlush:
+			req.Op = ioengine.OpFlush
+		}
+		bytes := int64(len(a.Data))
+		req.Done = func(q *ioengine.Request) {
+			r.comp.push(completion{id: q.Cookie, err: q.Err, bytes: bytes})
+		}
+		r.dev.Submit(req)
+	}
+}
+
+// resyncReader serves the node's resync/verify reads: block status first
+// (holes cost nothing), then the data through the engine (ordered with
+// writes), split into zero and data pieces.
+func (r *Replica) resyncReader() {
+	defer r.wg.Done()
+	for {
+		rd, ok := r.readQ.pop(r.stop)
+		if !ok {
+			return
+		}
+		pieces, err := r.readPieces(rd)
+		r.comp.push(completion{read: true, id: rd.ID, pieces: pieces, err: err})
+	}
+}
+
+func (r *Replica) readRange(off, length int64) ([]byte, error) {
+	buf := make([]byte, length)
+	done := make(chan error, 1)
+	r.dev.Submit(&ioengine.Request{Op: ioengine.OpRead, Offset: off, Length: length, Data: buf,
+		Done: func(q *ioengine.Request) { done <- q.Err }})
+	return buf, <-done
+}
+
+func (r *Replica) readPieces(rd repl.Read) ([]repl.ReadPiece, error) {
+	if !rd.NeedData {
+		b, err := r.readRange(rd.Offset, rd.Length)
+		if err != nil {
+			return nil, err
+		}
+		return []repl.ReadPiece{{Offset: rd.Offset, Length: rd.Length, Zero: isZero(b), Hash: hashOf(b)}}, nil
+	}
+	exts, err := r.dev.Extents(rd.Offset, rd.Length)
+	if err != nil || len(exts) == 0 {
+		exts = []backend.Extent{{Offset: rd.Offset, Length: rd.Length}}
+	}
+	var out []repl.ReadPiece
+	add := func(p repl.ReadPiece) {
+		if n := len(out); n > 0 && p.Zero && out[n-1].Zero && out[n-1].Offset+out[n-1].Length == p.Offset {
+			out[n-1].Length += p.Length
+			return
+		}
+		out = append(out, p)
+	}
+	for _, e := range exts {
+		s, end := max(e.Offset, rd.Offset), min(e.Offset+e.Length, rd.Offset+rd.Length)
+		if s >= end {
+			continue
+		}
+		if e.Zero || e.Hole {
+			add(repl.ReadPiece{Offset: s, Length: end - s, Zero: true})
+			continue
+		}
+		b, err := r.readRange(s, end-s)
+		if err != nil {
+			return nil, err
+		}
+		// Split at 64 KiB: all-zero chunks travel as zero ranges, and
+		// checksum resync compares chunk by chunk.
+		for off := int64(0); off < int64(len(b)); {
+			l := min(int64(repl.ChunkSize)-(s+off)%repl.ChunkSize, int64(len(b))-off)
+			c := b[off : off+l]
+			if isZero(c) {
+				add(repl.ReadPiece{Offset: s + off, Length: l, Zero: true})
+			} else if n := len(out); !rd.WantHash && n > 0 && !out[n-1].Zero && out[n-1].Offset+out[n-1].Length == s+off {
+				out[n-1].Length += l
+				out[n-1].Data = b[out[n-1].Offset-s : off+l]
+			} else {
+				out = append(out, repl.ReadPiece{Offset: s + off, Length: l, Data: c})
+			}
+			off += l
+		}
+	}
+	if rd.WantHash {
+		for i := range out {
+			if out[i].Zero {
+				out[i].Hash = zeroHash(out[i].Length)
+			} else {
+				out[i].Hash = hashOf(out[i].Data)
+			}
+		}
+	}
+	return out, nil
+}
+
+// ---- rx budget ----
+
+func (r *Replica) rxAcquire(n int64) bool {
+	r.rxMu.Lock()
+	defer r.rxMu.Unlock()
+	for r.rxBytes > 0 && r.rxBytes+n > rxBudgetBytes {
+		if r.closed.Load() {
+			return false
+		}
+		r.rxCond.Wait()
+	}
+	r.rxBytes += n
+	return true
+}
+
+func (r *Replica) rxRelease(n int64) {
+	r.rxMu.Lock()
+	r.rxBytes = max(0, r.rxBytes-n)
+	r.rxMu.Unlock()
+	r.rxCond.Broadcast()
+}
+
+func (r *Replica) rxReset() {
+	r.rxMu.Lock()
+	r.rxBytes = 0
+	r.rxMu.Unlock()
+	r.rxCond.Broadcast()
+}
+
+// ---- admin ----
+
+// call runs fn on the loop and waits.
+func (r *Replica) call(fn func() error) error {
+	errc := make(chan error, 1)
+	select {
+	case r.events <- event{kind: evFn, fn: func() { errc <- fn() }}:
+	case <-r.done:
+		return errors.New("repl: replica stopped")
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-r.done:
+		return errors.New("repl: replica stopped")
+	}
+}
+
+// Promote makes this node primary (force: even if the disk is not UpToDate).
+func (r *Replica) Promote(force bool) error {
+	return r.call(func() error { return r.node.Promote(force, time.Now().UnixNano()) })
+}
+
+// Demote makes this node secondary.
+func (r *Replica) Demote() error { return r.call(r.node.Demote) }
+
+// Verify starts online verify.
+func (r *Replica) Verify() error { return r.call(r.node.StartVerify) }
+
+// Disconnect drops the link and stays StandAlone until Connect.
+func (r *Replica) Disconnect() error {
+	return r.call(func() error { r.dropLink(); r.node.AdminDisconnect(); return nil })
+}
+
+// Connect leaves StandAlone (e.g. after split brain was resolved by hand).
+func (r *Replica) Connect() error {
+	return r.call(func() error { r.node.Listen(); return nil })
+}
+
+// Close stops replication cleanly: waits (bounded) for local writes in
+// flight, records a clean shutdown (bitmap complete, activity log need not
+// be replayed) and stops every goroutine. It does not close the device.
+func (r *Replica) Close() error {
+	if r.closed.Swap(true) {
+		return r.closeErr
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	clean := r.inflight.Load() == 0
+	r.closeErr = r.call(func() error {
+		r.dropLink()
+		if clean {
+			r.node.Shutdown()
+		}
+		return r.process()
+	})
+	close(r.stop)
+	r.ln.Close()
+	r.rxCond.Broadcast()
+	r.wg.Wait()
+	return r.closeErr
+}

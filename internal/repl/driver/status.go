@@ -1,0 +1,104 @@
+package driver
+
+import (
+	"time"
+
+	"github.com/vmsan/vmsan/internal/repl"
+)
+
+// Status is what `vmsan status` shows for a replicated volume.
+type Status struct {
+	Volume     string  `json:"volume"`
+	Role       string  `json:"role"`
+	Disk       string  `json:"disk"`
+	Conn       string  `json:"connection"`
+	PeerRole   string  `json:"peer_role"`
+	PeerDisk   string  `json:"peer_disk"`
+	Protocol   string  `json:"protocol"`
+	Peer       string  `json:"peer"`
+	Listen     string  `json:"listen"`
+	Gens       string  `json:"generations"`
+	OutOfSync  int64   `json:"out_of_sync_bytes"`
+	SyncTotal  int64   `json:"resync_total_bytes,omitempty"`
+	SyncLeft   int64   `json:"resync_left_bytes,omitempty"`
+	SyncPct    float64 `json:"resync_percent,omitempty"`
+	SyncRate   float64 `json:"resync_bytes_per_sec,omitempty"`
+	ETASeconds float64 `json:"resync_eta_seconds,omitempty"`
+	Decision   string  `json:"last_decision,omitempty"`
+	LastError  string  `json:"last_error,omitempty"`
+
+	ResyncBytes     int64 `json:"resync_sent_bytes"`
+	ResyncZeroBytes int64 `json:"resync_zero_bytes"`
+	HashMatchBytes  int64 `json:"resync_hash_match_bytes"`
+	VerifiedBytes   int64 `json:"verified_bytes"`
+	VerifyDiff      int64 `json:"verify_mismatch_bytes"`
+	SentBytes       int64 `json:"replicated_bytes"`
+	ReceivedOps     int64 `json:"received_ops"`
+	Disconnects     int64 `json:"disconnects"`
+}
+
+// etaEstimator smooths the resync rate over ~2 s windows.
+type etaEstimator struct {
+	at   time.Time
+	left int64
+	rate float64
+}
+
+func (e *etaEstimator) update(left int64, now time.Time) float64 {
+	if e.at.IsZero() || left > e.left {
+		e.at, e.left, e.rate = now, left, 0
+		return 0
+	}
+	if dt := now.Sub(e.at).Seconds(); dt >= 2 {
+		r := float64(e.left-left) / dt
+		if e.rate == 0 {
+			e.rate = r
+		} else {
+			e.rate = 0.5*e.rate + 0.5*r
+		}
+		e.at, e.left = now, left
+	}
+	return e.rate
+}
+
+// publish snapshots the node's status (loop only).
+func (r *Replica) publish() {
+	s := r.node.Status()
+	st := Status{
+		Volume: r.name, Role: s.Role.String(), Disk: s.Disk.String(), Conn: s.Conn.String(),
+		PeerRole: s.PeerRole.String(), PeerDisk: s.PeerDisk.String(), Protocol: s.Protocol.String(),
+		Peer: r.set.Peer, Listen: r.set.Listen, Gens: s.Gens.String(), OutOfSync: s.OutOfSync,
+		SyncTotal: s.ResyncTotal, SyncLeft: s.ResyncLeft, LastError: s.LastError,
+		ResyncBytes: s.Stats.ResyncBytes, ResyncZeroBytes: s.Stats.ResyncZeroBytes,
+		HashMatchBytes: s.Stats.ResyncHashMatchBytes, VerifiedBytes: s.Stats.VerifiedBytes,
+		VerifyDiff: s.Stats.VerifyDiff, SentBytes: s.Stats.SentBytes, ReceivedOps: s.Stats.ReceivedData,
+		Disconnects: s.Stats.Disconnects,
+	}
+	if s.LastDecision.Rule != 0 {
+		st.Decision = s.LastDecision.Kind.String()
+		if s.LastDecision.Resolved {
+			st.Decision += " (split brain resolved by policy)"
+		}
+	}
+	if s.Conn == repl.SyncSource || s.Conn == repl.VerifySource {
+		if s.ResyncTotal > 0 {
+			st.SyncPct = 100 * float64(s.ResyncTotal-s.ResyncLeft) / float64(s.ResyncTotal)
+		}
+		st.SyncRate = r.eta.update(s.ResyncLeft, time.Now())
+		if st.SyncRate > 0 {
+			st.ETASeconds = float64(s.ResyncLeft) / st.SyncRate
+		}
+	} else {
+		r.eta = etaEstimator{}
+	}
+	r.statusMu.Lock()
+	r.status = st
+	r.statusMu.Unlock()
+}
+
+// Status returns the latest snapshot.
+func (r *Replica) Status() Status {
+	r.statusMu.Lock()
+	defer r.statusMu.Unlock()
+	return r.status
+}

@@ -27,7 +27,7 @@ const recentWrites = 32
 
 // qdWindow is the period over which the engine measures the submitters'
 // queue depth (see the package doc).
-const qdWindow = int64(10 * time.Millisecond)
+const qdWindow = int64(250 * time.Millisecond)
 
 // Config tunes an Engine. Zero fields take the defaults above.
 type Config struct {
@@ -113,6 +113,7 @@ type Engine struct {
 	spaceCond sync.Cond // Submit waits for queue space; Close for drain
 
 	outstanding      int
+	dispatched       int // outstanding items handed to a worker
 	outHead, outTail *item
 	readyHead        *item
 	readyTail        *item
@@ -431,7 +432,7 @@ func (e *Engine) pickLocked(now int64) *item {
 	if e.readyHead == nil {
 		return nil
 	}
-	release := e.closing || e.outstanding >= e.qdEstimate()
+	release := e.closing || e.outstanding-e.dispatched >= e.qdEstimate()
 	e.epoch++
 	var earliest int64
 	for it := e.readyHead; it != nil; it = it.rnext {
@@ -485,6 +486,7 @@ func (e *Engine) takeRunLocked(it *item) *item {
 	if !it.inMaps {
 		e.unreadyLocked(it)
 		it.bnext = nil
+		e.dispatched++
 		return it
 	}
 	byStart, byEnd := e.maps(it.op)
@@ -521,6 +523,7 @@ func (e *Engine) takeRunLocked(it *item) *item {
 	if n > 1 {
 		e.st.merged += uint64(n - 1)
 	}
+	e.dispatched += n
 	return left
 }
 
@@ -690,6 +693,7 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 			done = append(done, r)
 		}
 		e.outstanding--
+		e.dispatched--
 		e.freeLocked(it)
 		it = next
 	}

@@ -1,0 +1,555 @@
+package ioengine_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/backend/backendtest"
+	"github.com/vmsan/vmsan/internal/ioengine"
+)
+
+func fileBackend(t testing.TB, size int64) *backend.File {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "vol.raw")
+	if err := backend.CreateFile(p, size); err != nil {
+		t.Fatal(err)
+	}
+	f, err := backend.OpenFile(p, backend.CacheWriteback, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// stamp fills b with a pattern unique to (off, gen).
+func stamp(b []byte, off int64, gen uint64) {
+	for i := 0; i+16 <= len(b); i += 16 {
+		binary.LittleEndian.PutUint64(b[i:], uint64(off)+uint64(i))
+		binary.LittleEndian.PutUint64(b[i+8:], gen)
+	}
+}
+
+// TestMergeSequentialWrites is the seed-002 test: clients writing one
+// sequential stream of 4 KiB blocks at queue depth 32 against a fast
+// (page-cache) file must reach the backend as large writes.
+func TestMergeSequentialWrites(t *testing.T) {
+	// A closed-loop client at queue depth N can put at most N requests in
+	// one run, so QD16 can reach 64 KiB runs only with nothing left over;
+	// require half of that there, and the 64 KiB target at QD32.
+	for _, tc := range []struct {
+		clients int
+		minMean float64
+	}{{16, 32 << 10}, {32, 64 << 10}} {
+		clients := tc.clients
+		t.Run(fmt.Sprintf("qd%d", clients), func(t *testing.T) {
+			const bs = 4096
+			const total = 32 << 20
+			f := fileBackend(t, total)
+			c := backendtest.NewCounting(f)
+			// GatherDelay is raised from its 300µs default because under
+			// -race on a loaded 2-core CI machine a goroutine wake-up can
+			// take longer than that; the test is about the policy (runs are
+			// released when the clients' queue is full), not the scheduler.
+			e := ioengine.New(c, ioengine.Config{Workers: 4, GatherDelay: 5 * time.Millisecond})
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			for i := 0; i < clients; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					buf := make([]byte, bs)
+					r := &ioengine.Request{Op: ioengine.OpWrite, Length: bs, Data: buf}
+					for {
+						off := next.Add(bs) - bs
+						if off >= total {
+							return
+						}
+						stamp(buf, off, 1)
+						r.Offset = off
+						if err := e.Do(r); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if err := e.Close(); err != nil {
+				t.Fatal(err)
+			}
+			s := e.Stats()
+			sizes := c.Sizes(backendtest.OpWrite)
+			var sum int64
+			for _, n := range sizes {
+				sum += n
+			}
+			mean := float64(sum) / float64(len(sizes))
+			t.Logf("clients=%d: %d requests -> %d backend writes, mean %.0f B (engine: %.0f B, merge ratio %.1f, held %d, p50 latency <= %v)",
+				clients, s.Requests.Write, len(sizes), mean, s.MeanWriteSize(), s.MergeRatio(), s.Held,
+				time.Duration(s.Latency.Quantile(0.5)))
+			if sum != total || s.BytesWritten != total {
+				t.Fatalf("wrote %d bytes to backend (engine says %d), want %d", sum, s.BytesWritten, total)
+			}
+			if mean < tc.minMean || s.MeanWriteSize() < tc.minMean {
+				t.Fatalf("mean backend write %.0f B (engine %.0f B), want >= %.0f", mean, s.MeanWriteSize(), tc.minMean)
+			}
+			if uint64(len(sizes)) != s.BackendOps.Write {
+				t.Fatalf("engine counted %d backend writes, backend saw %d", s.BackendOps.Write, len(sizes))
+			}
+			// Merged data landed where it should.
+			got := make([]byte, total)
+			if err := f.ReadvAt([][]byte{got}, 0); err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, bs)
+			for off := int64(0); off < total; off += bs {
+				stamp(want, off, 1)
+				if !bytes.Equal(got[off:off+bs], want) {
+					t.Fatalf("block at %d wrong after merged writes", off)
+				}
+			}
+		})
+	}
+}
+
+// TestQD1NotHeld: a lone synchronous sequential writer must never be held
+// back for gathering (it would only add latency).
+func TestQD1NotHeld(t *testing.T) {
+	c := backendtest.NewCounting(backend.NewMem(4 << 20))
+	e := ioengine.New(c, ioengine.Config{})
+	buf := make([]byte, 4096)
+	for off := int64(0); off < 4<<20; off += 4096 {
+		if err := e.Do(&ioengine.Request{Op: ioengine.OpWrite, Offset: off, Length: 4096, Data: buf}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Close()
+	if s := e.Stats(); s.Held != 0 || s.BackendOps.Write != 1024 {
+		t.Fatalf("QD1 stream: held %d, backend writes %d (want 0, 1024)", s.Held, s.BackendOps.Write)
+	}
+}
+
+// jitter delays each backend call by a random 0-100µs so that requests
+// complete out of submission order.
+type jitter struct {
+	backend.Backend
+	mu  sync.Mutex
+	rng *rand.Rand
+}
+
+func (j *jitter) wait() {
+	j.mu.Lock()
+	d := time.Duration(j.rng.IntN(100)) * time.Microsecond
+	j.mu.Unlock()
+	time.Sleep(d)
+}
+func (j *jitter) ReadvAt(b [][]byte, off int64) error { j.wait(); return j.Backend.ReadvAt(b, off) }
+func (j *jitter) WritevAt(b [][]byte, off int64, fua bool) error {
+	j.wait()
+	return j.Backend.WritevAt(b, off, fua)
+}
+func (j *jitter) Trim(off, n int64) error { j.wait(); return j.Backend.Trim(off, n) }
+func (j *jitter) WriteZeroes(off, n int64, t, f bool) error {
+	j.wait()
+	return j.Backend.WriteZeroes(off, n, t, f)
+}
+
+// TestReferenceModel drives random overlapping reads, writes, trims,
+// write-zeroes and flushes, pipelined, from several clients at once, and
+// checks every read against a model. Each client owns a region and submits
+// from one goroutine, so its submission order is known; the engine promises
+// that overlapping requests take effect in submission order, so the model
+// is exact: a read returns the state after every earlier-submitted
+// modification of its range and none of the later ones. Every FLUSH must
+// complete after all modifications submitted before it.
+func TestReferenceModel(t *testing.T) {
+	const clients, region, steps, qd = 4, 256 << 10, 1500, 16
+	mem := backend.NewMem(clients * region)
+	b := &jitter{Backend: mem, rng: rand.New(rand.NewPCG(7, 7))}
+	e := ioengine.New(b, ioengine.Config{Workers: 6, MaxMergeBytes: 64 << 10, MaxQueue: 48})
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(c), 42))
+			base := int64(c * region)
+			model := make([]byte, region)
+			sem := make(chan struct{}, qd)
+			var mods []*atomic.Bool // completion flag of every modification so far
+			var inner sync.WaitGroup
+			for i := 0; i < steps; i++ {
+				sem <- struct{}{}
+				inner.Add(1)
+				var off, n int64
+				if rng.IntN(3) == 0 { // unaligned
+					off = rng.Int64N(region - 1)
+					n = 1 + rng.Int64N(min(region-off, 20000))
+				} else { // block-aligned, often sequential-ish
+					off = rng.Int64N(region/4096) * 4096
+					n = min((1+rng.Int64N(8))*4096, region-off)
+				}
+				r := &ioengine.Request{Offset: base + off, Length: n}
+				var check func() error
+				switch k := rng.IntN(20); {
+				case k < 8:
+					r.Op = ioengine.OpWrite
+					r.Data = make([]byte, n)
+					for j := range r.Data {
+						r.Data[j] = byte(rng.Uint32())
+					}
+					r.FUA = rng.IntN(8) == 0
+					copy(model[off:], r.Data)
+				case k < 15:
+					r.Op = ioengine.OpRead
+					r.Data = make([]byte, n)
+					want := append([]byte(nil), model[off:off+n]...)
+					check = func() error {
+						if !bytes.Equal(r.Data, want) {
+							return errors.New("read returned data not matching the submission-order model")
+						}
+						return nil
+					}
+				case k < 17:
+					r.Op = ioengine.OpTrim
+					clear(model[off : off+n])
+				case k < 19:
+					r.Op = ioengine.OpWriteZeroes
+					r.NoHole = rng.IntN(2) == 0
+					clear(model[off : off+n])
+				default:
+					r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
+					earlier := append([]*atomic.Bool(nil), mods...)
+					check = func() error {
+						for _, m := range earlier {
+							if !m.Load() {
+								return errors.New("FLUSH completed before an earlier-submitted write")
+							}
+						}
+						return nil
+					}
+				}
+				var flag *atomic.Bool
+				if r.Op == ioengine.OpWrite || r.Op == ioengine.OpTrim || r.Op == ioengine.OpWriteZeroes {
+					flag = new(atomic.Bool)
+					mods = append(mods, flag)
+					if len(mods) > 256 {
+						mods = mods[len(mods)-256:] // older ones are long done
+					}
+				}
+				op, roff := r.Op, off
+				r.Done = func(r *ioengine.Request) {
+					defer inner.Done()
+					if r.Err != nil {
+						t.Errorf("client %d %v at %d: %v", c, op, roff, r.Err)
+					} else if check != nil {
+						if err := check(); err != nil {
+							t.Errorf("client %d step %v at %d+%d: %v", c, op, roff, r.Length, err)
+						}
+					}
+					if flag != nil {
+						flag.Store(true)
+					}
+					<-sem
+				}
+				e.Submit(r)
+			}
+			inner.Wait()
+			got := make([]byte, region)
+			if err := mem.ReadvAt([][]byte{got}, base); err != nil {
+				t.Error(err)
+			} else if !bytes.Equal(got, model) {
+				t.Errorf("client %d: final region differs from model", c)
+			}
+		}(c)
+	}
+	wg.Wait()
+	e.Close()
+	s := e.Stats()
+	t.Logf("requests %+v, backend ops %+v, merged %d, held %d", s.Requests, s.BackendOps, s.Merged, s.Held)
+	if s.Merged == 0 {
+		t.Error("no request was ever merged: the test does not exercise merging")
+	}
+}
+
+// TestCrashDurability: random writes (some FUA) and flushes from many
+// clients onto a CrashSim; after a simulated crash every block must hold a
+// version at least as new as the newest write that had to be durable: a
+// FUA write that completed, or a write that completed before an
+// acknowledged FLUSH was submitted.
+func TestCrashDurability(t *testing.T) {
+	const blocks, bs = 256, 512
+	lostSome := false
+	for round := uint64(0); round < 4; round++ {
+		sim := backendtest.NewCrashSim(blocks*bs, round)
+		e := ioengine.New(sim, ioengine.Config{Workers: 4, GatherDelay: 100 * time.Microsecond})
+		var (
+			clock    atomic.Int64
+			mu       sync.Mutex
+			ids      uint64
+			touched  [blocks][]uint64 // write ids per block, in submission order
+			doneAt   = map[uint64]int64{}
+			fuaDone  = map[uint64]bool{}
+			flushSub []int64 // submit stamps of acknowledged flushes
+		)
+		var wg sync.WaitGroup
+		for c := 0; c < 16; c++ {
+			wg.Add(1)
+			go func(c int) {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(round, uint64(c)))
+				for i := 0; i < 150; i++ {
+					if rng.IntN(15) == 0 {
+						at := clock.Add(1)
+						if err := e.Do(&ioengine.Request{Op: ioengine.OpFlush}); err != nil {
+							t.Error(err)
+						}
+						mu.Lock()
+						flushSub = append(flushSub, at)
+						mu.Unlock()
+						continue
+					}
+					first := rng.IntN(blocks)
+					if rng.IntN(2) == 0 { // sequential-ish streams too
+						first = (c*16 + i) % blocks
+					}
+					nb := min(1+rng.IntN(4), blocks-first)
+					data := make([]byte, nb*bs)
+					// Submission order of overlapping writes defines which
+					// version wins; take the id and submit under mu so ids
+					// follow submission order.
+					mu.Lock()
+					ids++
+					id := ids
+					for k := 0; k < nb; k++ {
+						binary.LittleEndian.PutUint64(data[k*bs:], id)
+						touched[first+k] = append(touched[first+k], id)
+					}
+					fua := rng.IntN(6) == 0
+					done := make(chan struct{})
+					e.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: int64(first * bs), Length: int64(len(data)),
+						Data: data, FUA: fua, Done: func(r *ioengine.Request) {
+							at := clock.Add(1)
+							if r.Err != nil {
+								t.Error(r.Err)
+							}
+							mu.Lock()
+							doneAt[id] = at
+							if fua {
+								fuaDone[id] = true
+							}
+							mu.Unlock()
+							close(done)
+						}})
+					mu.Unlock()
+					<-done
+				}
+			}(c)
+		}
+		wg.Wait()
+		// Crash without a final flush or Close: the tail is unsynced.
+		img := sim.Crash()
+		lastFlush := int64(0)
+		for _, f := range flushSub {
+			lastFlush = max(lastFlush, f)
+		}
+		for blk := 0; blk < blocks; blk++ {
+			got := binary.LittleEndian.Uint64(img[blk*bs:])
+			var required uint64
+			pos := map[uint64]int{0: -1}
+			for i, id := range touched[blk] {
+				pos[id] = i
+				if fuaDone[id] || doneAt[id] < lastFlush {
+					required = id
+				}
+			}
+			p, ok := pos[got]
+			if !ok {
+				t.Fatalf("round %d block %d holds version %d, never written there", round, blk, got)
+			}
+			if p < pos[required] {
+				t.Fatalf("round %d block %d: version %d survived, but %d had to be durable", round, blk, got, required)
+			}
+			if len(touched[blk]) > 0 && got != touched[blk][len(touched[blk])-1] {
+				lostSome = true
+			}
+		}
+		e.Close()
+	}
+	if !lostSome {
+		t.Error("no unsynced write was ever lost: the crash simulation is not biting")
+	}
+}
+
+// TestWorkerBound: never more than Workers concurrent backend calls.
+func TestWorkerBound(t *testing.T) {
+	c := backendtest.NewCounting(backendtest.NewDelay(backend.NewMem(16<<20), 300*time.Microsecond, 0))
+	e := ioengine.New(c, ioengine.Config{Workers: 3, GatherDelay: -1})
+	var wg sync.WaitGroup
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			for i := 0; i < 20; i++ {
+				// Far-apart offsets: nothing merges, every request is a call.
+				off := int64((g*20+i)*8192) % (16 << 20)
+				op := ioengine.OpWrite
+				if i%2 == 1 {
+					op = ioengine.OpRead
+				}
+				if err := e.Do(&ioengine.Request{Op: op, Offset: off, Length: 4096, Data: buf}); err != nil {
+					t.Error(err)
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	e.Close()
+	s := e.Stats()
+	t.Logf("max concurrent backend calls: %d (engine says %d)", c.MaxActive(), s.MaxInFlight)
+	if c.MaxActive() > 3 || s.MaxInFlight > 3 {
+		t.Fatalf("%d concurrent backend calls (engine %d), Workers is 3", c.MaxActive(), s.MaxInFlight)
+	}
+	if c.MaxActive() < 2 {
+		t.Fatalf("backend calls never overlapped (max %d): the pool is not concurrent", c.MaxActive())
+	}
+}
+
+// TestBackpressure: Submit blocks once MaxQueue requests are outstanding.
+func TestBackpressure(t *testing.T) {
+	const maxQ = 8
+	e := ioengine.New(backendtest.NewDelay(backend.NewMem(1<<20), 200*time.Microsecond, 0),
+		ioengine.Config{Workers: 2, MaxQueue: maxQ})
+	var pending, peak atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < 300; i++ {
+		wg.Add(1)
+		e.Submit(&ioengine.Request{Op: ioengine.OpRead, Offset: int64(i%64) * 8192, Length: 512, Data: make([]byte, 512),
+			Done: func(*ioengine.Request) { pending.Add(-1); wg.Done() }})
+		// pending = submitted - Done returned: the engine's outstanding
+		// requests plus those completed whose Done has not run yet. Offsets
+		// are never contiguous, so no batch has more than one request and
+		// at most Workers(2) can be in that gap: exceeding maxQ+2 is a bug.
+		if p := pending.Add(1); p > peak.Load() {
+			peak.Store(p)
+		}
+	}
+	wg.Wait()
+	e.Close()
+	s := e.Stats()
+	t.Logf("peak outstanding seen by submitter %d, by engine %d", peak.Load(), s.MaxQueueDepth)
+	if peak.Load() > maxQ+2 || s.MaxQueueDepth > maxQ {
+		t.Fatalf("queue grew to %d (engine %d), MaxQueue %d", peak.Load(), s.MaxQueueDepth, maxQ)
+	}
+	if s.MaxQueueDepth < maxQ {
+		t.Fatalf("queue never filled (max %d): the test did not exercise backpressure", s.MaxQueueDepth)
+	}
+}
+
+// TestErrorsIsolatedAndMapped: a failing range fails only the requests in
+// it (even when merged with neighbours) and the errno survives.
+func TestErrorsIsolatedAndMapped(t *testing.T) {
+	f := backendtest.NewFaulty(backend.NewMem(1<<20),
+		backendtest.Rule{Op: backendtest.OpWrite, Off: 64 << 10, Len: 4096, Err: syscall.ENOSPC})
+	e := ioengine.New(f, ioengine.Config{Workers: 1})
+	var wg sync.WaitGroup
+	errs := make([]error, 32)
+	// Block the single worker so the 32 writes queue up and merge.
+	gate := make(chan struct{})
+	wg.Add(1)
+	e.Submit(&ioengine.Request{Op: ioengine.OpFlush, Done: func(*ioengine.Request) { <-gate; wg.Done() }})
+	for i := 0; i < 32; i++ {
+		wg.Add(1)
+		i := i
+		e.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: int64(i) * 4096, Length: 4096, Data: make([]byte, 4096),
+			Done: func(r *ioengine.Request) { errs[i] = r.Err; wg.Done() }})
+	}
+	close(gate)
+	wg.Wait()
+	for i, err := range errs {
+		if i == 16 {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Errorf("write 16: %v, want ENOSPC", err)
+			}
+		} else if err != nil {
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	// Bad requests are rejected without reaching the backend.
+	for _, r := range []*ioengine.Request{
+		{Op: ioengine.OpWrite, Offset: 1 << 20, Length: 1, Data: []byte{1}},
+		{Op: ioengine.OpRead, Offset: -1, Length: 1, Data: []byte{1}},
+		{Op: ioengine.OpWrite, Offset: 0, Length: 2, Data: []byte{1}},
+		{Op: 99},
+	} {
+		if err := e.Do(r); !errors.Is(err, syscall.EINVAL) {
+			t.Errorf("%+v: %v, want EINVAL", r, err)
+		}
+	}
+	e.Close()
+	if err := e.Do(&ioengine.Request{Op: ioengine.OpFlush}); !errors.Is(err, ioengine.ErrClosed) {
+		t.Errorf("after Close: %v", err)
+	}
+	if s := e.Stats(); s.Rejected != 5 || s.Errors != 1 {
+		t.Errorf("rejected %d errors %d, want 5 and 1", s.Rejected, s.Errors)
+	}
+}
+
+// TestCloseDrains: Close waits for every outstanding request, including
+// held writes, and leaves the data in the backend.
+func TestCloseDrains(t *testing.T) {
+	m := backend.NewMem(1 << 20)
+	e := ioengine.New(backendtest.NewDelay(m, 100*time.Microsecond, 0), ioengine.Config{GatherDelay: time.Hour})
+	var done atomic.Int32
+	for i := 0; i < 100; i++ {
+		d := make([]byte, 4096)
+		d[0] = byte(i + 1)
+		e.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: int64(i) * 4096, Length: 4096, Data: d,
+			Done: func(r *ioengine.Request) {
+				if r.Err == nil {
+					done.Add(1)
+				}
+			}})
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if done.Load() != 100 {
+		t.Fatalf("%d of 100 requests completed by Close", done.Load())
+	}
+	b := make([]byte, 1)
+	m.ReadvAt([][]byte{b}, 99*4096)
+	if b[0] != 100 {
+		t.Fatal("last write not in backend after Close")
+	}
+}
+
+// TestFUAPassedThrough: a FUA write reaches the backend with fua set, also
+// when merged.
+func TestFUAPassedThrough(t *testing.T) {
+	c := backendtest.NewCounting(backend.NewMem(1 << 20))
+	e := ioengine.New(c, ioengine.Config{})
+	if err := e.Do(&ioengine.Request{Op: ioengine.OpWrite, Length: 4096, Data: make([]byte, 4096), FUA: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Do(&ioengine.Request{Op: ioengine.OpWriteZeroes, Offset: 4096, Length: 4096, FUA: true}); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+	calls := c.Calls()
+	if len(calls) < 3 || calls[0].Op != backendtest.OpWrite || !calls[0].FUA || calls[1].Op != backendtest.OpZero || calls[2].Op != backendtest.OpSync {
+		t.Fatalf("calls %+v: want FUA write, zero, sync", calls)
+	}
+}

@@ -49,8 +49,8 @@ func pipelined(tb testing.TB, rc *rawClient, write bool, depth, batches int) {
 // TestAllocsPerRequest bounds heap allocations on the request path
 // (server, engine and Mem backend together) in steady state.
 func TestAllocsPerRequest(t *testing.T) {
-	if testing.Short() {
-		t.Skip("short")
+	if testing.Short() || raceEnabled {
+		t.Skip("short mode or race detector (which defeats sync.Pool)")
 	}
 	for _, write := range []bool{false, true} {
 		dev := exporttest.NewMemDevice(t, "disk", 1<<20)

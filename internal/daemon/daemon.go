@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -83,6 +84,62 @@ type Daemon struct {
 
 	serveErr chan error
 	closed   atomic.Bool
+
+	// plugins are set in New before anything is served, then read-only.
+	plugins     []Plugin
+	pluginsStop sync.Once
+}
+
+// Plugin extends a daemon with per-volume features that live outside this
+// package (replication, internal/repl/driver). Plugins are registered with
+// RegisterPlugin from an init function, so `vmsan serve` needs no wiring.
+type Plugin interface {
+	// Start runs once the volumes are open and the control socket is up,
+	// before anything is served. open returns a volume's device without
+	// any plugin wrapping (release it with Release when done).
+	Start(d *Daemon, open func(name string) (export.Device, error)) error
+	// WrapDevice may wrap the device a front end gets from the registry.
+	WrapDevice(name string, dev export.Device) export.Device
+	// Stop runs at shutdown after front ends drained, before volumes close.
+	Stop() error
+}
+
+// PluginFactory builds a plugin for a daemon's configuration; it returns
+// nil, nil when the plugin has nothing to do.
+type PluginFactory func(cfg config.Config, log *slog.Logger) (Plugin, error)
+
+var pluginFactories []PluginFactory
+
+// RegisterPlugin adds a plugin factory. Call from init only.
+func RegisterPlugin(f PluginFactory) { pluginFactories = append(pluginFactories, f) }
+
+func (d *Daemon) startPlugins() error {
+	for _, f := range pluginFactories {
+		p, err := f(d.cfg, d.log)
+		if err != nil {
+			return err
+		}
+		if p == nil {
+			continue
+		}
+		d.plugins = append(d.plugins, p)
+		if err := p.Start(d, func(name string) (export.Device, error) { return registry{d}.open(name, false) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Daemon) stopPlugins() error {
+	var errs []error
+	d.pluginsStop.Do(func() {
+		for i := len(d.plugins) - 1; i >= 0; i-- {
+			if err := d.plugins[i].Stop(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	})
+	return errors.Join(errs...)
 }
 
 // New opens the data directory, ensures the configured (or default) volumes
@@ -146,6 +203,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		if err = d.startMetrics(); err != nil {
 			return nil, err
 		}
+	}
+	if err = d.startPlugins(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }
@@ -475,6 +535,9 @@ func (d *Daemon) Shutdown() error {
 	if d.metrics != nil {
 		d.metrics.Shutdown(ctx)
 	}
+	if err := d.stopPlugins(); err != nil {
+		errs = append(errs, fmt.Errorf("plugins: %w", err))
+	}
 	if err := d.closeAll(); err != nil {
 		errs = append(errs, err)
 	}
@@ -488,6 +551,9 @@ func (d *Daemon) Shutdown() error {
 // failed New).
 func (d *Daemon) closeAll() error {
 	var errs []error
+	if err := d.stopPlugins(); err != nil {
+		errs = append(errs, err)
+	}
 	for _, ln := range d.nbdLns {
 		ln.Close() // already closed by server.Shutdown normally; harmless
 		if a, ok := ln.Addr().(*net.UnixAddr); ok {

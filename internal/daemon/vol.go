@@ -153,7 +153,10 @@ type registry struct{ d *Daemon }
 // refs before reading deleting (both sequentially consistent atomics), so
 // at least one of them sees the other. The price is that an Open that
 // overlaps a refused Delete may fail with ErrNotFound; the client retries.
-func (r registry) Open(name string) (export.Device, error) {
+func (r registry) Open(name string) (export.Device, error) { return r.open(name, true) }
+
+// open is Open; wrap=false skips plugin wrapping (plugins' own access).
+func (r registry) open(name string, wrap bool) (export.Device, error) {
 	vols := *r.d.vols.Load()
 	if name == "" {
 		name = r.d.defaultExport(vols)
@@ -169,7 +172,13 @@ func (r registry) Open(name string) (export.Device, error) {
 		}
 		return nil, export.ErrNotFound
 	}
-	return &device{v: v}, nil
+	var dev export.Device = &device{v: v}
+	if wrap {
+		for _, p := range r.d.plugins {
+			dev = p.WrapDevice(name, dev)
+		}
+	}
+	return dev, nil
 }
 
 func (r registry) List() []export.Info {

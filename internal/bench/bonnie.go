@@ -52,7 +52,7 @@ func runBonnie(ctx context.Context, t Target, o Options, prog Progress, res *Res
 	if o.ReadOnly {
 		return fmt.Errorf("bench: the bonnie profile writes its test data; it cannot run read-only")
 	}
-	if err := checkWritable(t, TargetOptions{}, t.Info().Created); err != nil {
+	if err := checkWritable(t, o.Force); err != nil {
 		return err
 	}
 	// Per-character tests issue one 1-byte request per byte (bonnie++ 1.9x

@@ -131,11 +131,11 @@ func openFile(path string, o TargetOptions) (Target, error) {
 
 func (t *fileTarget) ReadAt(p []byte, off int64) (int, error)  { return t.f.ReadAt(p, off) }
 func (t *fileTarget) WriteAt(p []byte, off int64) (int, error) { return t.f.WriteAt(p, off) }
-func (t *fileTarget) Flush() error                              { return t.f.Sync() }
-func (t *fileTarget) Size() int64                               { return t.size }
-func (t *fileTarget) Align() int                                { return t.align }
-func (t *fileTarget) MaxIO() int                                { return 0 }
-func (t *fileTarget) Info() TargetInfo                          { return t.info }
+func (t *fileTarget) Flush() error                             { return t.f.Sync() }
+func (t *fileTarget) Size() int64                              { return t.size }
+func (t *fileTarget) Align() int                               { return t.align }
+func (t *fileTarget) MaxIO() int                               { return 0 }
+func (t *fileTarget) Info() TargetInfo                         { return t.info }
 
 // DropCache asks the kernel to drop this file's clean pages from the page
 // cache (posix_fadvise DONTNEED), so a following buffered read pass starts

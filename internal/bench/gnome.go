@@ -40,7 +40,7 @@ func runGnome(ctx context.Context, t Target, o Options, prog Progress, res *Resu
 	n := o.Samples
 	write := o.WriteTest && !o.ReadOnly
 	if write {
-		if err := checkWritable(t, TargetOptions{}, t.Info().Created); err != nil {
+		if err := checkWritable(t, o.Force); err != nil {
 			return err
 		}
 	}

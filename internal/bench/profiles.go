@@ -23,6 +23,8 @@ var Profiles = []string{ProfileCDM, ProfileCDMLegacy, ProfileBonnie, ProfileGnom
 type Options struct {
 	Profile  string
 	ReadOnly bool // skip every write test
+	// Force allows write tests on a target that already holds data.
+	Force bool
 	// DropCache asks the kernel to drop the target file's cached pages
 	// before each read pass (buffered file targets only).
 	DropCache bool
@@ -103,9 +105,14 @@ func BonnieDefaultSize() int64 { return 2 * MemTotal() }
 // RunProfile runs one profile against t and returns its result.
 func RunProfile(ctx context.Context, t Target, o Options, prog Progress) (*Result, error) {
 	o.Defaults()
+	if t.Info().ReadOnly {
+		o.ReadOnly = true
+	}
 	if prog == nil {
 		prog = nopProgress{}
 	}
+	ct := &countingTarget{Target: t}
+	t = ct
 	res := &Result{Schema: 1, Tool: ToolName, Profile: o.Profile, Started: time.Now(), Target: t.Info(), Env: CollectEnv(), Params: map[string]any{}}
 	var err error
 	switch o.Profile {
@@ -121,6 +128,7 @@ func RunProfile(ctx context.Context, t Target, o Options, prog Progress) (*Resul
 		return nil, fmt.Errorf("bench: unknown profile %q (want one of %v)", o.Profile, Profiles)
 	}
 	res.Seconds = time.Since(res.Started).Seconds()
+	res.Totals = ct.totals()
 	res.Target = t.Info() // NBD connection counts may change after open
 	return res, err
 }
@@ -207,7 +215,7 @@ func runCDM(ctx context.Context, t Target, o Options, prog Progress, res *Result
 	res.Params["pass_seconds"] = o.PassTime.Seconds()
 	res.Params["warmup_seconds"] = o.Warmup.Seconds()
 	if !o.ReadOnly {
-		if err := checkWritable(t, TargetOptions{}, t.Info().Created); err != nil {
+		if err := checkWritable(t, o.Force); err != nil {
 			return err
 		}
 		// CrystalDiskMark fills its test file with random data first, so
@@ -313,7 +321,7 @@ func runJob(ctx context.Context, t Target, o Options, prog Progress, res *Result
 		if o.ReadOnly {
 			return fmt.Errorf("bench: --rw %s writes but the target is read-only", spec.RW)
 		}
-		if err := checkWritable(t, TargetOptions{}, t.Info().Created); err != nil {
+		if err := checkWritable(t, o.Force); err != nil {
 			return err
 		}
 	}

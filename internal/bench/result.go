@@ -141,6 +141,8 @@ type Result struct {
 	Gnome    *GnomeResult   `json:"gnome_disks,omitempty"`
 	BonnieCS string         `json:"bonnie_csv,omitempty"`
 	Notes    []string       `json:"notes,omitempty"`
+	// Totals counts all I/O of the run, including unmeasured preparation.
+	Totals Totals `json:"io_totals"`
 }
 
 // Row returns the row with the given key.

@@ -122,11 +122,12 @@ func OpenTarget(ctx context.Context, spec string, o TargetOptions) (Target, erro
 // checkWritable refuses a write benchmark on a target that holds data.
 // probe reads the first bytes of the target; any non-zero byte counts as
 // data (a filesystem superblock, a partition table, a VM's boot sector).
-func checkWritable(t Target, o TargetOptions, created bool) error {
-	if o.ReadOnly {
-		return errors.New("bench: target opened read-only; this profile writes (drop --read-only or pick read tests)")
+func checkWritable(t Target, force bool) error {
+	in := t.Info()
+	if in.ReadOnly {
+		return errors.New("bench: target is read-only; this test writes (drop --read-only or pick read tests)")
 	}
-	if created || o.Force {
+	if in.Created || force {
 		return nil
 	}
 	n := int64(1 << 20)

@@ -1,0 +1,241 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RunConfig is everything `vmsan bench` takes from its command line.
+type RunConfig struct {
+	Target  string
+	Open    TargetOptions
+	Options Options
+	// SizeSet says --size was given (it then sets the profile's test size).
+	Size  int64
+	JSON  bool   // print the JSON result to stdout instead of the table
+	Out   string // result file: "" = auto name in the current directory, "none" = no file
+	Plot  string // .png or .svg to draw
+	Quiet bool   // no progress output
+}
+
+// DefaultScratchSize is the size of a scratch file created for a profile
+// when --size is not given.
+func DefaultScratchSize(profile string) int64 {
+	switch profile {
+	case ProfileBonnie:
+		return BonnieDefaultSize()
+	}
+	return 1 << 30
+}
+
+// Execute opens the target, runs the profile, prints the table (or JSON),
+// saves the result and draws the plot. stdout gets the report, stderr the
+// progress.
+func Execute(ctx context.Context, cfg RunConfig, stdout, stderr *os.File) error {
+	o := cfg.Options
+	if cfg.Size > 0 {
+		switch o.Profile {
+		case ProfileCDM, ProfileCDMLegacy:
+			o.Area = cfg.Size
+		case ProfileBonnie:
+			o.BonnieSize = cfg.Size
+		case ProfileJob:
+			o.Job.Size = cfg.Size
+		}
+	}
+	open := cfg.Open
+	open.ReadOnly = open.ReadOnly || o.ReadOnly
+	o.ReadOnly = open.ReadOnly
+	o.Force = o.Force || open.Force
+	if open.Size <= 0 {
+		open.Size = cfg.Size
+		if open.Size <= 0 {
+			open.Size = DefaultScratchSize(o.Profile)
+		}
+	}
+	t, err := OpenTarget(ctx, cfg.Target, open)
+	if err != nil {
+		return err
+	}
+	prog, wait := NewProgress(stderr, cfg.Quiet || cfg.JSON && !IsTerminal(stderr))
+	res, runErr := RunProfile(ctx, t, o, prog)
+	wait()
+	if cerr := t.Close(); runErr == nil && cerr != nil {
+		runErr = cerr
+	}
+	if res == nil {
+		return runErr
+	}
+	if runErr != nil {
+		res.Notes = append(res.Notes, "run failed: "+runErr.Error())
+	}
+	if cfg.JSON {
+		b, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, string(b))
+	} else if runErr == nil {
+		PrintTable(stdout, res)
+	}
+	out := cfg.Out
+	if out == "" {
+		out = fmt.Sprintf("vmsan-bench-%s-%s.json", o.Profile, res.Started.Format("20060102-150405"))
+	}
+	if out != "none" && len(res.Ops) > 0 {
+		if err := res.Save(out); err != nil {
+			return errors.Join(runErr, err)
+		}
+		if !cfg.JSON {
+			fmt.Fprintf(stdout, "result: %s\n", out)
+		}
+	}
+	if cfg.Plot != "" && runErr == nil {
+		if err := Plot(cfg.Plot, []string{resultLabel(res, out)}, []*Result{res}); err != nil {
+			return err
+		}
+		if !cfg.JSON {
+			fmt.Fprintf(stdout, "plot: %s\n", cfg.Plot)
+		}
+	}
+	return runErr
+}
+
+func resultLabel(r *Result, path string) string {
+	if path != "" && path != "none" {
+		return strings.TrimSuffix(filepath.Base(path), ".json")
+	}
+	return r.Target.URI
+}
+
+// CompareFiles loads results and prints them side by side (or as JSON),
+// optionally plotting them.
+func CompareFiles(paths []string, plotPath string, asJSON bool, stdout *os.File) error {
+	if len(paths) < 1 {
+		return errors.New("bench compare: give at least one result file")
+	}
+	var rs []*Result
+	var names []string
+	for _, p := range paths {
+		r, err := LoadResult(p)
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+		names = append(names, resultLabel(r, p))
+	}
+	if asJSON {
+		b, err := json.MarshalIndent(CompareRows(names, rs), "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, string(b))
+	} else {
+		Compare(stdout, names, rs)
+	}
+	if plotPath != "" {
+		return Plot(plotPath, names, rs)
+	}
+	return nil
+}
+
+// CompareRow is one row of a comparison in JSON form.
+type CompareRow struct {
+	Profile string     `json:"profile"`
+	Test    string     `json:"test"`
+	Dir     string     `json:"dir"`
+	Unit    string     `json:"unit"`
+	Values  []*float64 `json:"values"`         // one per result, null when absent
+	Change  []*float64 `json:"change_percent"` // vs the first result
+}
+
+// CompareRows computes what Compare prints.
+func CompareRows(names []string, rs []*Result) []CompareRow {
+	var out []CompareRow
+	idx := map[string]int{}
+	for ri, r := range rs {
+		for _, o := range r.Ops {
+			k := r.Profile + "\x00" + o.Key()
+			i, ok := idx[k]
+			if !ok {
+				i = len(out)
+				idx[k] = i
+				_, u := o.Headline()
+				out = append(out, CompareRow{Profile: r.Profile, Test: o.Name, Dir: o.Dir, Unit: u, Values: make([]*float64, len(rs)), Change: make([]*float64, len(rs))})
+			}
+			v, _ := o.Headline()
+			out[i].Values[ri] = &v
+		}
+	}
+	for i := range out {
+		b := out[i].Values[0]
+		for j := 1; j < len(rs); j++ {
+			if b != nil && *b > 0 && out[i].Values[j] != nil {
+				c := (*out[i].Values[j] - *b) / *b * 100
+				out[i].Change[j] = &c
+			}
+		}
+	}
+	return out
+}
+
+// ParseSize parses sizes such as 4096, 4k, 8KiB, 512M, 20G, 1T. Units are
+// binary (k = 1024), as fio and bonnie++ take them; "KB", "MB", "GB" with a
+// capital B and no i mean decimal (10^3...), as CrystalDiskMark labels them.
+func ParseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return 0, errors.New("empty size")
+	}
+	i := 0
+	for i < len(s) && (s[i] >= '0' && s[i] <= '9' || s[i] == '.') {
+		i++
+	}
+	num, unit := s[:i], s[i:]
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	mult := float64(1)
+	switch unit {
+	case "", "b", "B":
+	case "k", "K", "KiB", "kiB", "Ki":
+		mult = 1 << 10
+	case "m", "M", "MiB", "Mi":
+		mult = 1 << 20
+	case "g", "G", "GiB", "Gi":
+		mult = 1 << 30
+	case "t", "T", "TiB", "Ti":
+		mult = 1 << 40
+	case "kB", "KB":
+		mult = 1e3
+	case "MB":
+		mult = 1e6
+	case "GB":
+		mult = 1e9
+	case "TB":
+		mult = 1e12
+	default:
+		return 0, fmt.Errorf("bad size unit in %q (want k, M, G, T, KiB.. for binary or KB, MB, GB for decimal)", s)
+	}
+	r := v * mult
+	if r > 1<<62 {
+		return 0, fmt.Errorf("size %q too large", s)
+	}
+	return int64(r), nil
+}
+
+// ParseDuration accepts Go durations ("500ms", "5s") or plain seconds ("5").
+func ParseDuration(s string) (time.Duration, error) {
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	return time.ParseDuration(s)
+}

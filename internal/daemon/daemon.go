@@ -442,7 +442,10 @@ func (d *Daemon) Banner(w io.Writer) {
 		return
 	}
 	if v := vols[exp]; v != nil {
-		fmt.Fprintf(w, "vmsan: volume %q is %s (%d bytes), cache=%s\n", exp, volume.HumanSize(v.be.Size()), v.be.Size(), v.meta.Cache)
+		v.mu.Lock()
+		cache := v.meta.Cache
+		v.mu.Unlock()
+		fmt.Fprintf(w, "vmsan: volume %q is %s (%d bytes), cache=%s\n", exp, volume.HumanSize(v.be.Size()), v.be.Size(), cache)
 	}
 	var tcp, unix net.Addr
 	for _, ln := range d.nbdLns {

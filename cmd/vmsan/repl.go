@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/daemon"
+	"github.com/vmsan/vmsan/internal/repl/driver"
+	"github.com/vmsan/vmsan/internal/volume"
+)
+
+func init() {
+	daemon.RegisterPlugin(driver.NewPlugin)
+
+	var dataDir string
+	rc := &cobra.Command{
+		Use:   "repl",
+		Short: "Synchronous replication of volumes to a peer vmsan node (DRBD-style)",
+		Long: `Replicate a volume to another vmsan serve process.
+
+  vmsan repl configure vm1 --listen 10.0.0.1:7789 --peer 10.0.0.2:7789 --role primary
+  (on the peer: the same with the addresses swapped and --role secondary)
+  then start (or restart) vmsan serve on both nodes.
+
+See docs/replication.md for protocols, states and split brain.`,
+	}
+	rc.PersistentFlags().StringVar(&dataDir, "data-dir", config.DefaultDataDir, "data directory of the node")
+
+	var s driver.Settings
+	var rate string
+	configure := &cobra.Command{
+		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT [--role primary|secondary] [--protocol A|B|C]",
+		Short: "Write a volume's replication settings (read by vmsan serve at start)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if rate != "" {
+				n, err := volume.ParseSize(rate)
+				if err != nil {
+					return err
+				}
+				s.ResyncRate = n
+			}
+			out, err := driver.Configure(dataDir, args[0], s)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("replication of %s: listen %s, peer %s, protocol %s, node id %x (restart vmsan serve to apply)\n",
+				args[0], out.Listen, out.Peer, orDefault(out.Protocol, "C"), out.NodeID)
+			return nil
+		},
+	}
+	f := configure.Flags()
+	f.StringVar(&s.Listen, "listen", "", "this node's replication address for the volume")
+	f.StringVar(&s.Peer, "peer", "", "the peer's replication address")
+	f.StringVar(&s.Protocol, "protocol", "C", "A (async), B (peer received) or C (peer durable)")
+	f.StringVar(&s.Role, "role", "secondary", "role at first start: primary or secondary")
+	f.StringVar(&s.SplitBrain, "split-brain", "disconnect", "disconnect, discard-zero-changes, discard-younger-primary or discard-least-changes")
+	f.IntVar(&s.TickMillis, "tick-ms", 100, "tick length in ms (ping interval/timeout and ko are in ticks)")
+	f.IntVar(&s.PingInterval, "ping-interval", 10, "ticks between pings")
+	f.IntVar(&s.PingTimeout, "ping-timeout", 60, "ticks without hearing from the peer before disconnecting")
+	f.IntVar(&s.KoTicks, "ko-ticks", 100, "ticks a replicated write may stay unacknowledged before the peer is dropped")
+	f.StringVar(&rate, "resync-rate", "", "resync bandwidth per second (e.g. 100M; empty: unlimited)")
+	f.BoolVar(&s.Checksum, "checksum-resync", false, "send hashes first and data only where they differ")
+
+	var force bool
+	op := func(use, short, path string) *cobra.Command {
+		return &cobra.Command{
+			Use: use + " VOLUME", Short: short, Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				if path == "promote" && force {
+					path = "promote-force"
+				}
+				c, err := daemon.Dial(dataDir)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				var st driver.Status
+				if err := c.Do("POST", "/v1/repl/"+args[0]+"/"+path, nil, &st); err != nil {
+					return err
+				}
+				printRepl([]driver.Status{st})
+				return nil
+			},
+		}
+	}
+	promote := op("promote", "Make this node primary for the volume (refused while the peer is primary and connected)", "promote")
+	promote.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
+	status := &cobra.Command{
+		Use: "status", Short: "Roles, states, resync progress/ETA and out-of-sync bytes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := daemon.Dial(dataDir)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var st []driver.Status
+			if err := c.Do("GET", "/v1/repl", nil, &st); err != nil {
+				return err
+			}
+			printRepl(st)
+			return nil
+		},
+	}
+	rc.AddCommand(configure, promote,
+		op("demote", "Make this node secondary for the volume", "demote"),
+		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
+		op("connect", "Leave StandAlone and reconnect (after resolving split brain)", "connect"),
+		op("disconnect", "Drop the connection and stay StandAlone", "disconnect"),
+		status)
+	rootCmd.AddCommand(rc)
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}
+
+func printRepl(st []driver.Status) {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VOLUME\tROLE\tDISK\tCONNECTION\tPEER\tPROTO\tOUT OF SYNC\tRESYNC\tETA\tLAST ERROR")
+	for _, s := range st {
+		prog, eta := "-", "-"
+		if s.SyncTotal > 0 {
+			prog = fmt.Sprintf("%.1f%%", s.SyncPct)
+		}
+		if s.ETASeconds > 0 {
+			eta = fmt.Sprintf("%.0fs", s.ETASeconds)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\t%s\t%s\n", s.Volume, s.Role, s.Disk, s.Conn, s.PeerRole, s.PeerDisk,
+			s.Protocol, volume.HumanSize(s.OutOfSync), prog, eta, s.LastError)
+	}
+	tw.Flush()
+}

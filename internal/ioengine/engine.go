@@ -92,6 +92,7 @@ type item struct {
 	ready        bool
 	inMaps       bool  // indexed by start/end for merging
 	holdUntil    int64 // gathering deadline (engine clock); 0 = not held
+	runLen       int64 // bytes of the ready run ending here, when made ready
 	mark         uint64
 	submitted    int64
 	bnext        *item // next in the batch being executed
@@ -295,10 +296,17 @@ func (e *Engine) Submit(r *Request) {
 	if it.deps == 0 {
 		e.makeReadyLocked(it, now)
 	}
-	// Wake a worker even for a held write: a new arrival can complete a run
-	// or fill the submitters' queue depth, which releases held writes.
 	if e.idle > 0 && e.readyHead != nil {
-		e.workCond.Signal()
+		if it.ready && it.holdUntil != 0 && e.outstanding-e.dispatched < e.qdEstimate() &&
+			it.runLen < e.cfg.MaxMergeBytes {
+			// A held write that does not fill the submitters' queue: no
+			// worker has anything new to do (waking one per held write
+			// would cost a context switch per request), but make sure the
+			// deadline will wake one.
+			e.armTimerLocked(it.holdUntil, now)
+		} else {
+			e.workCond.Signal()
+		}
 	}
 	e.mu.Unlock()
 }
@@ -374,6 +382,10 @@ func (e *Engine) makeReadyLocked(it *item, now int64) {
 		byStart[it.off] = it
 		byEnd[it.end] = it
 		it.inMaps = true
+		it.runLen = it.end - it.off
+		if p := byEnd[it.off]; p != nil {
+			it.runLen += p.runLen
+		}
 	}
 	if it.op == OpWrite && it.inMaps && e.gather > 0 && it.near && !e.closing &&
 		e.qdEstimate() > 1 && it.end-it.off < e.cfg.MaxMergeBytes {

@@ -30,7 +30,7 @@ type Client struct {
 // or a stale one from a killed daemon).
 func Dial(dataDir string) (*Client, error) {
 	p := filepath.Join(dataDir, ControlSocketName)
-	c, err := net.DialTimeout("unix", p, 2*time.Second)
+	c, err := dialUnix("unix", p, func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, 2*time.Second) })
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v)", ErrNoDaemon, err)
 	}
@@ -47,7 +47,7 @@ func NewClient(path string) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
+			return dialUnix("unix", path, func(n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) })
 		},
 		MaxIdleConns: 2,
 	}

@@ -195,6 +195,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 			return nil, err
 		}
 		d.nbdLns = append(d.nbdLns, ln)
+		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > maxSunPath {
+			log.Warn("NBD socket path is longer than sun_path (107 bytes); most clients cannot connect to it, use --listen unix:SHORTER_PATH", "path", p)
+		}
 	}
 	if err = d.startControl(); err != nil {
 		return nil, err
@@ -345,7 +348,8 @@ func listenUnix(p string) (net.Listener, error) {
 		if st.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("listen unix:%s: exists and is not a socket", p)
 		}
-		if c, err := net.DialTimeout("unix", p, time.Second); err == nil {
+		dial := func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, time.Second) }
+		if c, err := dialUnix("unix", p, dial); err == nil {
 			c.Close()
 			return nil, fmt.Errorf("listen unix:%s: another process is serving on it", p)
 		}
@@ -354,12 +358,25 @@ func listenUnix(p string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("unix", p)
+	var ln net.Listener
+	err := withShortPath(p, func(short string) (err error) {
+		ln, err = net.Listen("unix", short)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
 	}
-	return ln, nil
+	return unixListener{ln, p}, nil
 }
+
+// unixListener reports the socket's real path as its address even when it
+// was bound through a /proc/self/fd alias (see withShortPath).
+type unixListener struct {
+	net.Listener
+	path string
+}
+
+func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
 
 func loadTLS(t config.TLS) (*tls.Config, error) {
 	if t.Mode == "" || t.Mode == "off" {

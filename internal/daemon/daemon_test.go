@@ -405,3 +405,65 @@ func TestDataSurvivesRestart(t *testing.T) {
 		t.Fatalf("config did not grow volume: %d", n)
 	}
 }
+
+// TestLongDataDir: sockets in a data directory whose path is longer than
+// sun_path allows still work (bound and dialled via /proc/self/fd).
+func TestLongDataDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	if len(filepath.Join(dir, ControlSocketName)) <= maxSunPath {
+		t.Fatal("test path not long enough")
+	}
+	r := start(t, dir, func(c *config.Config) { c.NoDefaultVolume = true })
+	ops, via, err := OpenVolumeOps(dir)
+	if err != nil || !via {
+		t.Fatalf("via=%v err=%v", via, err)
+	}
+	defer ops.Close()
+	if _, err := ops.Create(volume.CreateOptions{Name: "v", Size: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, ControlSocketName))
+	if err != nil || st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("control socket at its real path: %v %v", st, err)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ControlSocketName)); !os.IsNotExist(err) {
+		t.Fatalf("control socket not removed: %v", err)
+	}
+}
+
+// TestReadOnlyVolume: a read-only volume is advertised read-only and a
+// write through a real client fails without changing data.
+func TestReadOnlyVolume(t *testing.T) {
+	needTool(t, "qemu-io")
+	needTool(t, "nbdinfo")
+	dir := t.TempDir()
+	// Put data in the volume while it is still writable.
+	r := start(t, dir, func(c *config.Config) {
+		c.NoDefaultVolume = true
+		c.Volumes = []config.Volume{{Name: "base", Size: 16 << 20}}
+	})
+	run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x77 0 64k", r.url("base"))
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := volume.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Update("base", func(m *volume.Meta) error { m.ReadOnly = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	r = start(t, dir, func(c *config.Config) { c.NoDefaultVolume = true })
+	if js := run(t, "nbdinfo", "--json", r.url("base")); !strings.Contains(js, `"is_read_only": true`) {
+		t.Fatalf("not advertised read-only:\n%s", js)
+	}
+	out, err := exec.Command("qemu-io", "-f", "raw", "-c", "write -P 0x11 0 64k", r.url("base")).CombinedOutput()
+	if err == nil && !strings.Contains(string(out), "rror") && !strings.Contains(string(out), "read-only") && !strings.Contains(string(out), "denied") {
+		t.Fatalf("write to read-only volume seemed to succeed:\n%s", out)
+	}
+	run(t, "qemu-io", "-f", "raw", "-r", "-c", "read -P 0x77 0 64k", r.url("base"))
+}

@@ -1,0 +1,231 @@
+// Package faultproxy is a fault-injecting TCP proxy for tests: put it
+// between two nodes and add delay, limit bandwidth, stall the link
+// (blackhole), refuse and drop connections, or reset them mid-stream.
+//
+// Simplest use:
+//
+//	p, err := faultproxy.New("127.0.0.1:0", targetAddr)
+//	defer p.Close()
+//	dial(p.Addr())          // instead of targetAddr
+//	p.SetDelay(5*time.Millisecond)
+//	p.Reset()               // RST every connection now
+//
+// Faults apply to both directions and to connections already open.
+// Concurrency: all methods are safe for concurrent use.
+package faultproxy
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Proxy forwards every accepted connection to a target.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	delay     atomic.Int64 // ns per chunk, one way
+	bandwidth atomic.Int64 // bytes/s per direction per connection; 0 = unlimited
+	blackhole atomic.Bool  // stall: forward nothing, keep connections open
+	drop      atomic.Bool  // refuse new connections (accept and close)
+
+	mu     sync.Mutex
+	conns  map[*pair]struct{}
+	wake   chan struct{} // closed and replaced when blackhole lifts
+	closed bool
+	wg     sync.WaitGroup
+
+	// Bytes counts payload forwarded in both directions.
+	Bytes atomic.Int64
+}
+
+type pair struct{ a, b net.Conn }
+
+// New listens on listen and forwards to target.
+func New(listen, target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	p := &Proxy{ln: ln, target: target, conns: map[*pair]struct{}{}, wake: make(chan struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the proxy's listening address.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// SetDelay adds d of one-way latency to every chunk forwarded.
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// SetBandwidth limits each direction of each connection to bps bytes per
+// second (0: unlimited).
+func (p *Proxy) SetBandwidth(bps int64) { p.bandwidth.Store(bps) }
+
+// Blackhole stalls (on) or resumes (off) all forwarding. Like a network
+// that silently loses every packet while TCP keeps retransmitting: the
+// connections stay open, nothing arrives, and everything sent is delivered
+// once the blackhole lifts (unless the endpoints gave up).
+func (p *Proxy) Blackhole(on bool) {
+	p.blackhole.Store(on)
+	if !on {
+		p.mu.Lock()
+		close(p.wake)
+		p.wake = make(chan struct{})
+		p.mu.Unlock()
+	}
+}
+
+// Drop makes the proxy close new connections at once (on) and, when
+// turned on, also closes every open connection.
+func (p *Proxy) Drop(on bool) {
+	p.drop.Store(on)
+	if on {
+		p.Reset()
+	}
+}
+
+// Reset closes every open connection with a TCP RST (linger 0).
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	cs := make([]*pair, 0, len(p.conns))
+	for c := range p.conns {
+		cs = append(cs, c)
+	}
+	p.mu.Unlock()
+	for _, c := range cs {
+		rst(c.a)
+		rst(c.b)
+	}
+}
+
+// Conns is the number of open proxied connections.
+func (p *Proxy) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.conns)
+}
+
+func rst(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+}
+
+// Close stops the proxy and closes every connection.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	err := p.ln.Close()
+	p.Reset()
+	p.Blackhole(false)
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.drop.Load() {
+			rst(c)
+			continue
+		}
+		t, err := net.DialTimeout("tcp", p.target, 2*time.Second)
+		if err != nil {
+			rst(c)
+			continue
+		}
+		pr := &pair{c, t}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			c.Close()
+			t.Close()
+			return
+		}
+		p.conns[pr] = struct{}{}
+		p.mu.Unlock()
+		var done sync.WaitGroup
+		done.Add(2)
+		p.wg.Add(1)
+		go p.pipe(c, t, &done)
+		go p.pipe(t, c, &done)
+		go func() {
+			done.Wait()
+			p.mu.Lock()
+			delete(p.conns, pr)
+			p.mu.Unlock()
+			p.wg.Done()
+		}()
+	}
+}
+
+type chunk struct {
+	b  []byte
+	at time.Time
+}
+
+// pipe copies src to dst through a delay line: a reader goroutine stamps
+// chunks, this goroutine releases each at stamp+delay, paced by bandwidth.
+func (p *Proxy) pipe(src, dst net.Conn, done *sync.WaitGroup) {
+	defer done.Done()
+	q := make(chan chunk, 256)
+	go func() {
+		defer close(q)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				q <- chunk{b[:n], time.Now()}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer func() {
+		src.Close()
+		dst.Close()
+		for range q {
+		}
+	}()
+	for c := range q {
+		for p.blackhole.Load() {
+			p.mu.Lock()
+			w := p.wake
+			p.mu.Unlock()
+			if !p.blackhole.Load() {
+				break
+			}
+			select {
+			case <-w:
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		if d := time.Duration(p.delay.Load()); d > 0 {
+			if wait := time.Until(c.at.Add(d)); wait > 0 {
+				time.Sleep(wait)
+			}
+		}
+		start := time.Now()
+		if _, err := dst.Write(c.b); err != nil {
+			return
+		}
+		p.Bytes.Add(int64(len(c.b)))
+		if bw := p.bandwidth.Load(); bw > 0 {
+			want := time.Duration(int64(len(c.b)) * int64(time.Second) / bw)
+			if el := time.Since(start); el < want {
+				time.Sleep(want - el)
+			}
+		}
+	}
+}

@@ -21,7 +21,7 @@
 //	engine_request_latency_seconds (histogram)                       {volume}
 //	engine_backend_write_size_bytes, engine_backend_read_size_bytes (histograms) {volume}
 //	nbd_connections_accepted_total, nbd_connections_active, nbd_handshake_failures_total,
-//	nbd_tls_handshakes_total, nbd_requests_total{command}, nbd_error_replies_total,
+//	nbd_tls_handshakes_total, nbd_requests_total{command: read, write, flush, ...}, nbd_error_replies_total,
 //	nbd_bytes_total{direction}, nbd_protocol_errors_total, nbd_panics_total,
 //	nbd_hole_chunks_total, nbd_inflight_requests
 //
@@ -31,6 +31,7 @@ package metrics
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -120,7 +121,8 @@ var (
 
 func init() {
 	for i := range cmdNames {
-		cmdNames[i] = proto.Cmd(i).String()
+		// "NBD_CMD_WRITE_ZEROES" -> "write_zeroes", matching the engine's op label.
+		cmdNames[i] = strings.ToLower(strings.TrimPrefix(proto.Cmd(i).String(), "NBD_CMD_"))
 	}
 }
 
@@ -136,17 +138,19 @@ func opValues(o ioengine.OpCounts) []uint64 {
 }
 
 // histogram converts an engine histogram (non-cumulative log2 buckets) to a
-// Prometheus const histogram, scaling bounds and sum by scale.
-func histogram(d *prometheus.Desc, h ioengine.Histogram, scale float64, labels ...string) prometheus.Metric {
+// Prometheus const histogram, dividing bounds and sum by div (1e9 turns
+// nanoseconds into the seconds Prometheus expects; dividing rather than
+// multiplying by 1e-9 keeps bounds like 1e-06 exact in the output).
+func histogram(d *prometheus.Desc, h ioengine.Histogram, div float64, labels ...string) prometheus.Metric {
 	buckets := make(map[float64]uint64, len(h.UpperBounds))
 	var cum uint64
 	for i, ub := range h.UpperBounds {
 		if i < len(h.Counts) {
 			cum += h.Counts[i]
 		}
-		buckets[float64(ub)*scale] = cum
+		buckets[float64(ub)/div] = cum
 	}
-	return prometheus.MustNewConstHistogram(d, h.Count, float64(h.Sum)*scale, buckets, labels...)
+	return prometheus.MustNewConstHistogram(d, h.Count, float64(h.Sum)/div, buckets, labels...)
 }
 
 // Collect implements prometheus.Collector.
@@ -177,7 +181,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(dBytes, e.BytesWritten, v.Name, "write")
 		gauge(dQueue, float64(e.QueueDepth), v.Name)
 		gauge(dInFlight, float64(e.InFlight), v.Name)
-		ch <- histogram(dLatency, e.Latency, 1e-9, v.Name)
+		ch <- histogram(dLatency, e.Latency, 1e9, v.Name)
 		ch <- histogram(dWriteSize, e.WriteSizes, 1, v.Name)
 		ch <- histogram(dReadSize, e.ReadSizes, 1, v.Name)
 	}

@@ -184,6 +184,7 @@ func TestReferenceModel(t *testing.T) {
 		go func(c int) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(c), 42))
+			fill := rand.NewChaCha8([32]byte{byte(c)})
 			base := int64(c * region)
 			model := make([]byte, region)
 			sem := make(chan struct{}, qd)
@@ -206,9 +207,7 @@ func TestReferenceModel(t *testing.T) {
 				case k < 8:
 					r.Op = ioengine.OpWrite
 					r.Data = make([]byte, n)
-					for j := range r.Data {
-						r.Data[j] = byte(rng.Uint32())
-					}
+					fill.Read(r.Data)
 					r.FUA = rng.IntN(8) == 0
 					copy(model[off:], r.Data)
 				case k < 15:

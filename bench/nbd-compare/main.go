@@ -34,6 +34,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -66,6 +67,7 @@ var Jobs = []Job{
 type Result struct {
 	Job       string  `json:"job"`
 	Server    string  `json:"server"`
+	Rep       int     `json:"rep"`
 	MBps      float64 `json:"mb_per_s"` // decimal MB/s
 	IOPS      float64 `json:"iops"`
 	LatMeanUs float64 `json:"lat_mean_us"`
@@ -82,7 +84,9 @@ type Report struct {
 	Runtime  string            `json:"runtime"`
 	Jobs     []Job             `json:"jobs"`
 	Servers  []string          `json:"servers"`
-	Results  []Result          `json:"results"`
+	Repeat   int               `json:"repeat"`
+	Results  []Result          `json:"results"` // every sample
+	Medians  []Result          `json:"medians"` // per job and server: the median sample (by the job's unit)
 	Commands map[string]string `json:"server_commands"`
 }
 
@@ -99,6 +103,7 @@ func run() error {
 		sizeStr  = flag.String("size", "2G", "size of the shared file")
 		runtimeF = flag.Duration("runtime", 12*time.Second, "measured time per job and server")
 		ramp     = flag.Duration("ramp", 2*time.Second, "fio ramp_time before measuring")
+		repeat   = flag.Int("repeat", 1, "samples per job and server (interleaved); the table shows the median")
 		list     = flag.String("servers", "vmsan,nbdkit,qemu-nbd,nbd-server", "comma-separated servers to compare")
 		jobsF    = flag.String("jobs", "", "comma-separated job names to run (default all)")
 		vmsanBin = flag.String("vmsan", "", "vmsan binary (default: go build ./cmd/vmsan into -dir)")
@@ -112,12 +117,20 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	if *repeat < 1 {
+		return errors.New("-repeat must be >= 1")
+	}
 	var kinds []servers.Kind
+	seen := map[servers.Kind]bool{}
 	for _, s := range strings.Split(*list, ",") {
 		k, err := servers.ParseKind(strings.TrimSpace(s))
 		if err != nil {
 			return err
 		}
+		if seen[k] {
+			return fmt.Errorf("server %s listed twice (use -repeat for more samples)", k)
+		}
+		seen[k] = true
 		if _, err := exec.LookPath(k.Executable()); err != nil && k != servers.VMSAN {
 			return fmt.Errorf("%s not installed: %v", k, err)
 		}
@@ -192,12 +205,12 @@ func run() error {
 		return err
 	}
 
-	rep := Report{
+	report := Report{
 		Started: time.Now().UTC(), Machine: machine(*dir), File: file, Size: size,
-		Runtime: runtimeF.String(), Jobs: jobs, Commands: map[string]string{},
+		Runtime: runtimeF.String(), Jobs: jobs, Commands: map[string]string{}, Repeat: *repeat,
 	}
 	for _, k := range kinds {
-		rep.Servers = append(rep.Servers, string(k))
+		report.Servers = append(report.Servers, string(k))
 	}
 	var extraArgs []string
 	if *extra != "" {
@@ -205,33 +218,37 @@ func run() error {
 	}
 
 	for _, j := range jobs {
-		for _, k := range kinds {
-			if ctx.Err() != nil {
-				return ctx.Err()
+		for rep := 0; rep < *repeat; rep++ {
+			for _, k := range kinds {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				logf("%-20s %-10s #%d ...", j.Name, k, rep+1)
+				r, cmdline := measure(ctx, k, j, servers.Options{
+					File: file, Export: "bench", Binary: bin, DataDir: dataDir,
+					LogDir: *logDir, ExtraArgs: vmsanOnly(k, extraArgs),
+				}, *runtimeF, *ramp, size)
+				if cmdline != "" {
+					report.Commands[string(k)] = cmdline
+				}
+				if r.Error != "" {
+					logf("%-20s %-10s FAILED: %s", j.Name, k, firstLine(r.Error))
+				} else {
+					logf("%-20s %-10s %9.1f MB/s %9.0f IOPS  lat mean %7.1f us p99 %7.1f us", j.Name, k, r.MBps, r.IOPS, r.LatMeanUs, r.LatP99Us)
+				}
+				r.Rep = rep
+				report.Results = append(report.Results, r)
 			}
-			logf("%-20s %-10s ...", j.Name, k)
-			r, cmdline := measure(ctx, k, j, servers.Options{
-				File: file, Export: "bench", Binary: bin, DataDir: dataDir,
-				LogDir: *logDir, ExtraArgs: vmsanOnly(k, extraArgs),
-			}, *runtimeF, *ramp, size)
-			if cmdline != "" {
-				rep.Commands[string(k)] = cmdline
-			}
-			if r.Error != "" {
-				logf("%-20s %-10s FAILED: %s", j.Name, k, firstLine(r.Error))
-			} else {
-				logf("%-20s %-10s %9.1f MB/s %9.0f IOPS  lat mean %7.1f us p99 %7.1f us", j.Name, k, r.MBps, r.IOPS, r.LatMeanUs, r.LatP99Us)
-			}
-			rep.Results = append(rep.Results, r)
 		}
 	}
+	report.Medians = medians(report)
 
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return enc.Encode(report)
 	}
-	printTable(os.Stdout, rep)
+	printTable(os.Stdout, report)
 	return nil
 }
 
@@ -410,17 +427,48 @@ func prepareFile(ctx context.Context, bin, dataDir, name string, size int64) (st
 	return file, nil
 }
 
+// medians picks, per job and server, the sample with the median figure
+// (MB/s for throughput jobs, IOPS otherwise); failed samples count as 0.
+func medians(rep Report) []Result {
+	var out []Result
+	for _, j := range rep.Jobs {
+		for _, s := range rep.Servers {
+			var xs []Result
+			for _, r := range rep.Results {
+				if r.Job == j.Name && r.Server == s {
+					xs = append(xs, r)
+				}
+			}
+			if len(xs) == 0 {
+				continue
+			}
+			key := func(r Result) float64 {
+				if r.Error != "" {
+					return 0
+				}
+				if j.Throughput {
+					return r.MBps
+				}
+				return r.IOPS
+			}
+			sort.Slice(xs, func(a, b int) bool { return key(xs[a]) < key(xs[b]) })
+			out = append(out, xs[len(xs)/2])
+		}
+	}
+	return out
+}
+
 func printTable(w io.Writer, rep Report) {
 	get := func(job, srv string) *Result {
-		for i := range rep.Results {
-			if rep.Results[i].Job == job && rep.Results[i].Server == srv {
-				return &rep.Results[i]
+		for i := range rep.Medians {
+			if rep.Medians[i].Job == job && rep.Medians[i].Server == srv {
+				return &rep.Medians[i]
 			}
 		}
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "nbd-compare: %s file, %s per job, fio --ioengine=nbd, page-cache writeback on every server\n", human(rep.Size), rep.Runtime)
+	fmt.Fprintf(w, "nbd-compare: %s file, %s per job, median of %d, fio --ioengine=nbd, page-cache writeback on every server\n", human(rep.Size), rep.Runtime, rep.Repeat)
 	fmt.Fprintf(w, "machine: %s\n\n", rep.Machine["summary"])
 	hdr := "job\tunit\t"
 	for _, s := range rep.Servers {

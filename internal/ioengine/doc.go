@@ -43,14 +43,15 @@
 //
 // So the engine gathers writes, like an elevator's plug or an NFS server's
 // write gathering: a write that lies within MaxMergeBytes of one of the last
-// 32 writes submitted is held back, while the submitters have recently had
-// more than one request outstanding, until the first of:
+// 32 writes submitted is held back, while the writers have recently had
+// more than one write outstanding, until the first of:
 //
 //   - its contiguous run reaches MaxMergeBytes;
-//   - the number of outstanding requests reaches the highest queue depth
-//     seen in the last 10-20 ms (the clients' queue is full, so nothing more
-//     will arrive until something completes: waiting longer only adds
-//     latency);
+//   - the writes queued in the engine (outstanding, not yet handed to a
+//     worker) reach the writers' queue depth, measured as the most writes
+//     outstanding at once in the last 250-500 ms: the clients' queue is
+//     full, so nothing more will arrive until something completes, and
+//     waiting longer would only add latency;
 //   - another request (an overlapping read, a FLUSH) waits for it;
 //   - GatherDelay (default 300µs) has passed since the oldest write of the
 //     run was held;
@@ -60,7 +61,8 @@
 // and random writes far from recent ones are never held. The trade-off: a
 // sequential writer at queue depth > 1 may see up to GatherDelay of extra
 // latency per run when its queue depth drops (the estimate lags by up to
-// 20 ms), in exchange for backend writes of queue-depth × request-size
+// 500 ms), and two independent queue-depth-1 writers may wait for each
+// other (up to GatherDelay), in exchange for backend writes of queue-depth × request-size
 // bytes instead of one syscall (and, under cache=none or writethrough, one
 // device write) per 4 KiB. Reads are merged but never held: a reader waits
 // for its data, and read-ahead below already batches sequential reads.

@@ -114,7 +114,8 @@ type Engine struct {
 	spaceCond sync.Cond // Submit waits for queue space; Close for drain
 
 	outstanding      int
-	dispatched       int // outstanding items handed to a worker
+	outWrites        int // outstanding OpWrite requests
+	dispWrites       int // ... of which handed to a worker
 	outHead, outTail *item
 	readyHead        *item
 	readyTail        *item
@@ -258,11 +259,14 @@ func (e *Engine) Submit(r *Request) {
 	if e.outstanding > e.st.maxQueue {
 		e.st.maxQueue = e.outstanding
 	}
-	if now-e.winStart > qdWindow {
-		e.prevPeak, e.curPeak, e.winStart = e.curPeak, 0, now
-	}
-	if e.outstanding > e.curPeak {
-		e.curPeak = e.outstanding
+	if r.Op == OpWrite {
+		e.outWrites++
+		if now-e.winStart > qdWindow {
+			e.prevPeak, e.curPeak, e.winStart = e.curPeak, 0, now
+		}
+		if e.outWrites > e.curPeak {
+			e.curPeak = e.outWrites
+		}
 	}
 
 	// INVARIANT: a request waits for every earlier-submitted, unfinished
@@ -297,7 +301,7 @@ func (e *Engine) Submit(r *Request) {
 		e.makeReadyLocked(it, now)
 	}
 	if e.idle > 0 && e.readyHead != nil {
-		if it.ready && it.holdUntil != 0 && e.outstanding-e.dispatched < e.qdEstimate() &&
+		if it.ready && it.holdUntil != 0 && e.outWrites-e.dispWrites < e.qdEstimate() &&
 			it.runLen < e.cfg.MaxMergeBytes {
 			// A held write that does not fill the submitters' queue: no
 			// worker has anything new to do (waking one per held write
@@ -341,6 +345,9 @@ func (e *Engine) nearRecentLocked(off, end int64) bool {
 	return false
 }
 
+// qdEstimate is the writers' recent queue depth: the most OpWrite requests
+// outstanding at once over the last one or two qdWindows. Only writes
+// count, so a busy reader does not make a queue-depth-1 writer look deep.
 func (e *Engine) qdEstimate() int { return max(e.curPeak, e.prevPeak) }
 
 func (e *Engine) allocLocked() *item {
@@ -444,7 +451,7 @@ func (e *Engine) pickLocked(now int64) *item {
 	if e.readyHead == nil {
 		return nil
 	}
-	release := e.closing || e.outstanding-e.dispatched >= e.qdEstimate()
+	release := e.closing || e.outWrites-e.dispWrites >= e.qdEstimate()
 	e.epoch++
 	var earliest int64
 	for it := e.readyHead; it != nil; it = it.rnext {
@@ -498,7 +505,9 @@ func (e *Engine) takeRunLocked(it *item) *item {
 	if !it.inMaps {
 		e.unreadyLocked(it)
 		it.bnext = nil
-		e.dispatched++
+		if it.op == OpWrite {
+			e.dispWrites++
+		}
 		return it
 	}
 	byStart, byEnd := e.maps(it.op)
@@ -535,7 +544,9 @@ func (e *Engine) takeRunLocked(it *item) *item {
 	if n > 1 {
 		e.st.merged += uint64(n - 1)
 	}
-	e.dispatched += n
+	if it.op == OpWrite {
+		e.dispWrites += n
+	}
 	return left
 }
 
@@ -705,7 +716,10 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 			done = append(done, r)
 		}
 		e.outstanding--
-		e.dispatched--
+		if it.op == OpWrite {
+			e.outWrites--
+			e.dispWrites--
+		}
 		e.freeLocked(it)
 		it = next
 	}

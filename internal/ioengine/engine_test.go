@@ -140,6 +140,42 @@ func TestQD1NotHeld(t *testing.T) {
 	}
 }
 
+// TestQD1WriterAmongReaders: readers keeping 16 reads in flight must not
+// make a lone synchronous writer look like a deep writer, so its writes are
+// never held back.
+func TestQD1WriterAmongReaders(t *testing.T) {
+	e := ioengine.New(backend.NewMem(16<<20), ioengine.Config{})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			buf := make([]byte, 4096)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				e.Do(&ioengine.Request{Op: ioengine.OpRead, Offset: int64((g*977+i*131)%4096) * 4096, Length: 4096, Data: buf})
+			}
+		}(g)
+	}
+	buf := make([]byte, 4096)
+	for off := int64(0); off < 2<<20; off += 4096 {
+		if err := e.Do(&ioengine.Request{Op: ioengine.OpWrite, Offset: off, Length: 4096, Data: buf}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	e.Close()
+	if s := e.Stats(); s.Held != 0 || s.Requests.Read < 16 {
+		t.Fatalf("held %d writes of a QD1 writer (reads %d)", s.Held, s.Requests.Read)
+	}
+}
+
 // jitter delays each backend call by a random 0-100µs so that requests
 // complete out of submission order.
 type jitter struct {

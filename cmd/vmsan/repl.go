@@ -58,6 +58,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	f.StringVar(&s.Peer, "peer", "", "the peer's replication address")
 	f.StringVar(&s.Protocol, "protocol", "C", "A (async), B (peer received) or C (peer durable)")
 	f.StringVar(&s.Role, "role", "secondary", "role at first start: primary or secondary")
+	f.StringVar(&s.Dial, "dial", "auto", "auto (the lower listen address dials), yes or no; set when --peer is a proxy")
 	f.StringVar(&s.SplitBrain, "split-brain", "disconnect", "disconnect, discard-zero-changes, discard-younger-primary or discard-least-changes")
 	f.IntVar(&s.TickMillis, "tick-ms", 100, "tick length in ms (ping interval/timeout and ko are in ticks)")
 	f.IntVar(&s.PingInterval, "ping-interval", 10, "ticks between pings")

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/backend/backendtest"
+	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
@@ -34,6 +36,7 @@ func (d *engDev) Extents(off, l int64) ([]backend.Extent, error) {
 func (d *engDev) Release() {}
 
 type node struct {
+	wrapBE func(backend.Backend) backend.Backend
 	t    *testing.T
 	dir  string
 	path string
@@ -52,9 +55,9 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func newNode(t *testing.T, dir string, size int64, set Settings) *node {
+func newNode(t *testing.T, dir string, size int64, set Settings, wrap func(backend.Backend) backend.Backend) *node {
 	t.Helper()
-	n := &node{t: t, dir: dir, path: filepath.Join(dir, "vol.raw"), set: set}
+	n := &node{t: t, dir: dir, path: filepath.Join(dir, "vol.raw"), set: set, wrapBE: wrap}
 	if _, err := os.Stat(n.path); err != nil {
 		if err := backend.CreateFile(n.path, size); err != nil {
 			t.Fatal(err)
@@ -70,7 +73,11 @@ func (n *node) start() {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	n.dev = &engDev{be: be, eng: ioengine.New(be, ioengine.Config{})}
+	var eb backend.Backend = be
+	if n.wrapBE != nil {
+		eb = n.wrapBE(be)
+	}
+	n.dev = &engDev{be: be, eng: ioengine.New(eb, ioengine.Config{})}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -118,16 +125,24 @@ func waitFor(t *testing.T, what string, d time.Duration, f func() bool) {
 }
 
 func pair(t *testing.T, size int64, proto string) (a, b *node) {
+	return pairWith(t, size, Settings{Protocol: proto, TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
+}
+
+// pairWith starts primary a and secondary b; a dials b through via(bAddr)
+// when via is set (a fault proxy), else directly.
+func pairWith(t *testing.T, size int64, common Settings, via func(target string) string, wrapB func(backend.Backend) backend.Backend) (a, b *node) {
 	aAddr, bAddr := freeAddr(t), freeAddr(t)
 	base := t.TempDir()
 	os.MkdirAll(filepath.Join(base, "a"), 0o755)
 	os.MkdirAll(filepath.Join(base, "b"), 0o755)
-	common := Settings{Protocol: proto, TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}
 	sa, sb := common, common
-	sa.Listen, sa.Peer, sa.NodeID, sa.Role = aAddr, bAddr, 1, "primary"
-	sb.Listen, sb.Peer, sb.NodeID, sb.Role = bAddr, aAddr, 2, "secondary"
-	a = newNode(t, filepath.Join(base, "a"), size, sa)
-	b = newNode(t, filepath.Join(base, "b"), size, sb)
+	sa.Listen, sa.Peer, sa.NodeID, sa.Role, sa.Dial = aAddr, bAddr, 1, "primary", "yes"
+	sb.Listen, sb.Peer, sb.NodeID, sb.Role, sb.Dial = bAddr, aAddr, 2, "secondary", "no"
+	if via != nil {
+		sa.Peer = via(bAddr)
+	}
+	a = newNode(t, filepath.Join(base, "a"), size, sa, nil)
+	b = newNode(t, filepath.Join(base, "b"), size, sb, wrapB)
 	t.Cleanup(func() { a.stop(); b.stop() })
 	return a, b
 }
@@ -258,4 +273,57 @@ func TestPromoteRefusedWhilePeerPrimary(t *testing.T) {
 		t.Fatal(fmt.Sprintf("replicas differ after role switch"))
 	}
 	_ = repl.ChunkSize
+}
+
+// Seed 002's second half: a secondary whose disk is slow and whose data
+// link is saturated must still answer pings (they travel on the control
+// connection), so the pair never disconnects spuriously. The ping timeout
+// here is 200 ms while the data backlog is seconds long.
+func TestHeartbeatsUnderLoad(t *testing.T) {
+	var px *faultproxy.Proxy
+	via := func(target string) string {
+		var err error
+		px, err = faultproxy.New("127.0.0.1:0", target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { px.Close() })
+		return px.Addr()
+	}
+	slow := func(b backend.Backend) backend.Backend { return backendtest.NewDelay(b, 15*time.Millisecond, 15*time.Millisecond) }
+	set := Settings{Protocol: "C", TickMillis: 10, PingInterval: 5, PingTimeout: 30, KoTicks: 3000}
+	a, b := pairWith(t, 64<<20, set, via, slow)
+	waitFor(t, "connect", 10*time.Second, connected(a))
+	// 512 KiB/s per connection with 1 MiB writes: one data frame takes ~2 s
+	// to cross, far longer than the 300 ms ping timeout, so only a ping on
+	// its own connection keeps the pair together.
+	px.SetBandwidth(512 << 10)
+
+	errs := make(chan error, 64)
+	inflight := 0
+	var off int64
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		for inflight < 4 {
+			d := pattern(byte(off>>20), 1<<20)
+			a.front.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: off % (60 << 20), Length: int64(len(d)), Data: d, Done: func(r *ioengine.Request) { errs <- r.Err }})
+			off += 1 << 20
+			inflight++
+		}
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		inflight--
+	}
+	for ; inflight > 0; inflight-- {
+		<-errs
+	}
+	sa, sb := a.r.Status(), b.r.Status()
+	t.Logf("wrote %d KiB under load; disconnects a=%d b=%d, last errors %q %q", off>>10, sa.Disconnects, sb.Disconnects, sa.LastError, sb.LastError)
+	if sa.Disconnects != 0 || sb.Disconnects != 0 || sa.Conn != "Connected" {
+		t.Fatalf("spurious disconnect under load: a=%+v", sa)
+	}
+	if off < 1<<20 {
+		t.Fatalf("only %d bytes written: the load did not run", off)
+	}
 }

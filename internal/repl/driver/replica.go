@@ -170,7 +170,7 @@ func Start(o Options) (*Replica, error) {
 		pending: make(map[uint64]*pendingPair),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
-		dialer:  s.Listen < s.Peer,
+		dialer:  s.Dial == "yes" || (s.Dial != "no" && s.Listen < s.Peer),
 	}
 	r.rxCond = sync.NewCond(&r.rxMu)
 	r.comp.init()

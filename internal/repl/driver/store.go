@@ -28,6 +28,9 @@ type Settings struct {
 	// SplitBrain policy: disconnect (default), discard-zero-changes,
 	// discard-younger-primary, discard-least-changes.
 	SplitBrain string `json:"split_brain,omitempty"`
+	// Dial: "auto" (default: the lower Listen dials), "yes" or "no". Set
+	// explicitly when the peer address is a proxy or NAT address.
+	Dial string `json:"dial,omitempty"`
 	// NodeID identifies this node (random, chosen by configure).
 	NodeID uint64 `json:"node_id"`
 
@@ -76,6 +79,11 @@ func (s Settings) Validate() error {
 	case "", "primary", "secondary":
 	default:
 		return fmt.Errorf("repl: role %q (want primary or secondary)", s.Role)
+	}
+	switch s.Dial {
+	case "", "auto", "yes", "no":
+	default:
+		return fmt.Errorf("repl: dial %q (want auto, yes or no)", s.Dial)
 	}
 	if s.NodeID == 0 {
 		return errors.New("repl: node_id must be set")

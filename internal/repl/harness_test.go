@@ -36,9 +36,9 @@ type simNode struct {
 
 // sim is two nodes and a network with two channels per direction.
 type sim struct {
-	nodes  map[string]*simNode
-	queues map[string][]Message // "a>b" data, "a>b!" control
-	linkUp bool
+	nodes   map[string]*simNode
+	queues  map[string][]Message // "a>b" data, "a>b!" control
+	linkUp  bool
 	blocked map[string]bool // queue keys not delivered (blackhole)
 	nextVal byte
 }

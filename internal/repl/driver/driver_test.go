@@ -14,10 +14,10 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/backend/backendtest"
-	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
 )
 
 // engDev is a minimal export.Device over an engine, as the daemon's.
@@ -37,13 +37,13 @@ func (d *engDev) Release() {}
 
 type node struct {
 	wrapBE func(backend.Backend) backend.Backend
-	t    *testing.T
-	dir  string
-	path string
-	dev  *engDev
-	r    *Replica
-	set  Settings
-	front export.Device
+	t      *testing.T
+	dir    string
+	path   string
+	dev    *engDev
+	r      *Replica
+	set    Settings
+	front  export.Device
 }
 
 func freeAddr(t *testing.T) string {
@@ -290,7 +290,9 @@ func TestHeartbeatsUnderLoad(t *testing.T) {
 		t.Cleanup(func() { px.Close() })
 		return px.Addr()
 	}
-	slow := func(b backend.Backend) backend.Backend { return backendtest.NewDelay(b, 15*time.Millisecond, 15*time.Millisecond) }
+	slow := func(b backend.Backend) backend.Backend {
+		return backendtest.NewDelay(b, 15*time.Millisecond, 15*time.Millisecond)
+	}
 	set := Settings{Protocol: "C", TickMillis: 10, PingInterval: 5, PingTimeout: 30, KoTicks: 3000}
 	a, b := pairWith(t, 64<<20, set, via, slow)
 	waitFor(t, "connect", 10*time.Second, connected(a))

@@ -3,6 +3,22 @@
 // stores a volume as a sparse raw file; test implementations inject faults,
 // delays and simulated crashes.
 //
+// The simplest use:
+//
+//	err := backend.CreateFile("vol.raw", 10<<30)              // sparse, 10 GiB
+//	f, err := backend.OpenFile("vol.raw", backend.CacheWriteback, false)
+//	defer f.Close()
+//	err = f.WritevAt([][]byte{hdr, payload}, off, false)     // one pwritev
+//	err = f.Sync()                                           // fdatasync
+//
+// NewMem gives an in-memory backend for tests; package backendtest has
+// counting, delaying, fault-injecting and crash-simulating wrappers.
+//
+// Errors from the file implementation wrap the syscall errno (as
+// *os.PathError), so callers can map them with errors.Is(err,
+// syscall.ENOSPC) and the like; ErrOutOfRange wraps EINVAL and ErrReadOnly
+// wraps EROFS.
+//
 // Concurrency: every method may be called from many goroutines at once,
 // except Close, which must not race with anything else. Ordering between
 // overlapping operations is the caller's (the I/O engine's) job.

@@ -235,7 +235,7 @@ func (d *Daemon) Status() Status {
 	list, _ := d.store.List()
 	vols := *d.vols.Load()
 	for _, m := range list {
-		vs := VolumeStatus{VolumeInfo: d.info(m), Connections: d.srv.Connections(m.Name)}
+		vs := VolumeStatus{VolumeInfo: d.info(m), Connections: d.connections(m.Name, vols)}
 		if v := vols[m.Name]; v != nil {
 			es := engineStats(v.eng.Stats())
 			vs.Engine = &es
@@ -252,6 +252,17 @@ func (d *Daemon) Status() Status {
 		}
 	}
 	return st
+}
+
+// connections counts NBD connections to a volume, including those that
+// asked for the empty (default) export name, which the server counts under
+// the name the client sent.
+func (d *Daemon) connections(name string, vols map[string]*vol) int {
+	n := d.srv.Connections(name)
+	if d.defaultExport(vols) == name {
+		n += d.srv.Connections("")
+	}
+	return n
 }
 
 func (d *Daemon) hStatus(w http.ResponseWriter, r *http.Request) {

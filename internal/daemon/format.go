@@ -69,19 +69,32 @@ func PrintStatus(w io.Writer, s Status) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tSIZE\tALLOCATED\tCACHE\tCONNS\tREQUESTS\tBACKEND OPS\tMERGE RATIO\tREAD\tWRITTEN")
+	fmt.Fprintln(tw, "VOLUME\tSIZE\tALLOCATED\tCACHE\tCONNS\tREQUESTS\tBACKEND OPS\tMERGE RATIO\tMEAN WRITE\tREAD\tWRITTEN\tLAT P50\tLAT P99")
 	for _, v := range s.Volumes {
 		e := v.Engine
 		if e == nil {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t-\t-\t-\t-\t-\n", v.Name, volume.HumanSize(v.Size), volume.HumanSize(v.Allocated), v.Cache, v.Connections)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t-\t-\t-\t-\t-\t-\t-\t-\n", v.Name, volume.HumanSize(v.Size), volume.HumanSize(v.Allocated), v.Cache, v.Connections)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%s\t%s\n", v.Name, volume.HumanSize(v.Size), volume.HumanSize(v.Allocated), v.Cache, v.Connections,
-			e.Requests, e.BackendOps, e.MergeRatio, volume.HumanSize(int64(e.BytesRead)), volume.HumanSize(int64(e.BytesWritten)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%s\t%s\t%s\t%s\t%s\n", v.Name, volume.HumanSize(v.Size), volume.HumanSize(v.Allocated), v.Cache, v.Connections,
+			e.Requests, e.BackendOps, e.MergeRatio, volume.HumanSize(int64(e.MeanWriteBytes)), volume.HumanSize(int64(e.BytesRead)), volume.HumanSize(int64(e.BytesWritten)),
+			usec(e.LatencyP50us), usec(e.LatencyP99us))
 	}
 	tw.Flush()
 	for k, v := range s.Extra {
 		b, _ := json.MarshalIndent(v, "  ", "  ")
 		fmt.Fprintf(w, "\n%s:\n  %s\n", k, b)
+	}
+}
+
+// usec renders a latency given in microseconds ("-" when there is none).
+func usec(us float64) string {
+	switch {
+	case us <= 0:
+		return "-"
+	case us < 1000:
+		return fmt.Sprintf("%.0fµs", us)
+	default:
+		return fmt.Sprintf("%.1fms", us/1000)
 	}
 }

@@ -36,7 +36,7 @@ func (s metricsSource) Volumes() []metrics.Volume {
 		es := v.eng.Stats()
 		mv := metrics.Volume{Name: name, Size: v.be.Size(), Allocated: allocatedBytes(s.d.store.RawPath(name)), Engine: &es}
 		if s.d.srv != nil {
-			mv.Connections = s.d.srv.Connections(name)
+			mv.Connections = s.d.connections(name, vols)
 		}
 		out = append(out, mv)
 	}

@@ -135,3 +135,17 @@ func TestMarshalRoundTrip(t *testing.T) {
 		t.Fatalf("round trip: %+v\n%s", back, b)
 	}
 }
+
+// TestExampleFile keeps docs/vmsan.example.yaml loadable.
+func TestExampleFile(t *testing.T) {
+	p := filepath.Join("..", "..", "docs", "vmsan.example.yaml")
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs(filepath.Join("..", "..", "vmsan-data"))
+	got, _ := filepath.Abs(c.DataDir)
+	if got != abs || len(c.Volumes) != 2 || c.Volumes[1].Engine.Workers != 8 || c.MetricsListen != "127.0.0.1:9109" {
+		t.Fatalf("%+v", c)
+	}
+}

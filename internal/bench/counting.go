@@ -43,3 +43,43 @@ type Totals struct {
 func (c *countingTarget) totals() Totals {
 	return Totals{BytesRead: c.read.Load(), BytesWritten: c.written.Load(), Reads: c.reads.Load(), Writes: c.writes.Load()}
 }
+
+// NewQueue forwards asynchronous I/O, counting completions.
+func (c *countingTarget) NewQueue(depth int) (Queue, error) {
+	at, ok := c.Target.(AsyncTarget)
+	if !ok {
+		return nil, ErrNoAsync
+	}
+	q, err := at.NewQueue(depth)
+	if err != nil {
+		return nil, err
+	}
+	return &countingQueue{Queue: q, c: c, write: make([]bool, depth)}, nil
+}
+
+type countingQueue struct {
+	Queue
+	c     *countingTarget
+	write []bool
+}
+
+func (q *countingQueue) Submit(write bool, p []byte, off int64, tag int) error {
+	if tag >= 0 && tag < len(q.write) {
+		q.write[tag] = write
+	}
+	return q.Queue.Submit(write, p, off, tag)
+}
+
+func (q *countingQueue) Reap(min int, out []Completion) (int, error) {
+	n, err := q.Queue.Reap(min, out)
+	for _, c := range out[:n] {
+		if c.Tag >= 0 && c.Tag < len(q.write) && q.write[c.Tag] {
+			q.c.written.Add(int64(c.N))
+			q.c.writes.Add(1)
+		} else {
+			q.c.read.Add(int64(c.N))
+			q.c.reads.Add(1)
+		}
+	}
+	return n, err
+}

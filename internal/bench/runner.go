@@ -197,7 +197,103 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 	ru0 := rusage()
 	start := time.Now()
 	deadline := start.Add(spec.Runtime)
-	for w := 0; w < nw; w++ {
+	// next picks the offset and direction of a job's next request.
+	next := func(rng *rand.Rand, job int) (int64, bool) {
+		var blk int64
+		if spec.RW.random() {
+			blk = rng.Int64N(nblocks)
+		} else {
+			blk = (cursors[job].Add(1) - 1) % nblocks
+		}
+		write := spec.RW == Write || spec.RW == RandWrite
+		if spec.RW.isMixed() {
+			write = rng.IntN(100) >= spec.RWMix
+		}
+		return spec.Offset + blk*int64(spec.BS), write
+	}
+	dirName := map[bool]string{true: "write", false: "read"}
+	var queues []Queue
+	if at, ok := t.(AsyncTarget); ok && spec.QD > 1 {
+		for j := 0; j < spec.Jobs; j++ {
+			q, err := at.NewQueue(spec.QD)
+			if err != nil {
+				for _, q := range queues {
+					q.Close()
+				}
+				queues = nil
+				break
+			}
+			queues = append(queues, q)
+		}
+	}
+	if queues != nil {
+		// fio's model: one goroutine per job keeps QD requests in flight
+		// through an asynchronous queue.
+		for j := 0; j < spec.Jobs; j++ {
+			wg.Add(1)
+			go func(job int) {
+				defer wg.Done()
+				q := queues[job]
+				defer q.Close()
+				rng := rand.New(rand.NewPCG(spec.Seed+uint64(job)*0x9E3779B97F4A7C15, uint64(job)+1))
+				bufs := make([][]byte, spec.QD)
+				starts := make([]time.Time, spec.QD)
+				isW := make([]bool, spec.QD)
+				comps := make([]Completion, spec.QD)
+				st := &stats[job*spec.QD]
+				inflight := 0
+				submit := func(tag int) bool {
+					if stop.Load() || (maxOps > 0 && issued.Add(1) > maxOps) {
+						return false
+					}
+					off, w := next(rng, job)
+					if bufs[tag] == nil {
+						bufs[tag] = AlignedBuf(spec.BS, int(al))
+						fillRandom(rng, bufs[tag])
+					}
+					isW[tag] = w
+					starts[tag] = time.Now()
+					if err := q.Submit(w, bufs[tag], off, tag); err != nil {
+						fail(fmt.Errorf("bench: %s at offset %d: %w", dirName[w], off, err))
+						return false
+					}
+					inflight++
+					return true
+				}
+				for tag := 0; tag < spec.QD; tag++ {
+					if !submit(tag) {
+						break
+					}
+				}
+				for inflight > 0 {
+					n, err := q.Reap(1, comps)
+					if err != nil {
+						fail(fmt.Errorf("bench: %w", err))
+						return // the queue is destroyed with requests in flight; io_destroy waits for them
+					}
+					now := time.Now()
+					for _, c := range comps[:n] {
+						inflight--
+						if c.Err != nil {
+							fail(fmt.Errorf("bench: %s: %w", dirName[isW[c.Tag]], c.Err))
+							continue
+						}
+						if isW[c.Tag] {
+							st.w.record(c.N, now.Sub(starts[c.Tag]))
+						} else {
+							st.r.record(c.N, now.Sub(starts[c.Tag]))
+						}
+						done.Add(1)
+						if spec.Runtime > 0 && !now.Before(deadline) {
+							stop.Store(true)
+						}
+						submit(c.Tag)
+					}
+				}
+			}(j)
+		}
+	}
+	for w := 0; queues == nil && w < nw; w++ {
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
@@ -210,17 +306,7 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 				if maxOps > 0 && issued.Add(1) > maxOps {
 					return
 				}
-				var blk int64
-				if spec.RW.random() {
-					blk = rng.Int64N(nblocks)
-				} else {
-					blk = (cursors[job].Add(1) - 1) % nblocks
-				}
-				off := spec.Offset + blk*int64(spec.BS)
-				write := spec.RW == Write || spec.RW == RandWrite
-				if spec.RW.isMixed() {
-					write = rng.IntN(100) >= spec.RWMix
-				}
+				off, write := next(rng, job)
 				t0 := time.Now()
 				var n int
 				var err error
@@ -231,7 +317,7 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 				}
 				lat := time.Since(t0)
 				if err != nil {
-					fail(fmt.Errorf("bench: %s at offset %d: %w", map[bool]string{true: "write", false: "read"}[write], off, err))
+					fail(fmt.Errorf("bench: %s at offset %d: %w", dirName[write], off, err))
 					return
 				}
 				if write {

@@ -144,6 +144,45 @@ func init() {
 		},
 	}
 	del.Flags().BoolVar(&delForce, "force", false, "delete even while exported (connected clients get I/O errors)")
-	vc.AddCommand(create, list, info, resize, del)
+	var (
+		setCache, setDesc string
+		setRot, setRO     bool
+	)
+	set := &cobra.Command{
+		Use:   "set NAME [--cache MODE] [--rotational[=false]] [--read-only[=false]] [--description TEXT]",
+		Short: "Change a volume's settings (the daemon reopens it; refused while clients are connected)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var s daemon.Settings
+			f := cmd.Flags()
+			if f.Changed("cache") {
+				s.Cache = &setCache
+			}
+			if f.Changed("rotational") {
+				s.Rotational = &setRot
+			}
+			if f.Changed("read-only") {
+				s.ReadOnly = &setRO
+			}
+			if f.Changed("description") {
+				s.Description = &setDesc
+			}
+			if s == (daemon.Settings{}) {
+				return fmt.Errorf("nothing to change: give at least one of --cache, --rotational, --read-only, --description")
+			}
+			return withOps(func(ops daemon.VolumeOps) error {
+				vi, err := ops.Update(args[0], s)
+				if err != nil {
+					return err
+				}
+				return show(vi)
+			})
+		},
+	}
+	set.Flags().StringVar(&setCache, "cache", "", "cache mode: none, writethrough, writeback, unsafe")
+	set.Flags().BoolVar(&setRot, "rotational", false, "advertise the volume as rotational")
+	set.Flags().BoolVar(&setRO, "read-only", false, "export read-only")
+	set.Flags().StringVar(&setDesc, "description", "", "free-text description")
+	vc.AddCommand(create, list, info, resize, set, del)
 	rootCmd.AddCommand(vc)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -14,6 +15,7 @@ import (
 //	POST   /v1/volumes                    CreateRequest -> VolumeInfo (201)
 //	GET    /v1/volumes/{name}             VolumeInfo
 //	POST   /v1/volumes/{name}/resize      ResizeRequest -> VolumeInfo
+//	POST   /v1/volumes/{name}/settings    Settings -> VolumeInfo
 //	DELETE /v1/volumes/{name}?force=true  204
 //
 // Errors are APIError bodies with a stable Code, which the Client maps back
@@ -67,6 +69,36 @@ func (c CreateRequest) Options() (volume.CreateOptions, error) {
 type ResizeRequest struct {
 	Size  string `json:"size"`
 	Force bool   `json:"force,omitempty"`
+}
+
+// Settings is the body of POST /v1/volumes/{name}/settings: the mutable
+// metadata fields; nil fields are left unchanged.
+type Settings struct {
+	Cache       *string `json:"cache,omitempty"`
+	Rotational  *bool   `json:"rotational,omitempty"`
+	ReadOnly    *bool   `json:"read_only,omitempty"`
+	Description *string `json:"description,omitempty"`
+}
+
+// apply sets the non-nil fields on m.
+func (s Settings) apply(m *volume.Meta) error {
+	if s.Cache != nil {
+		mode, err := backend.ParseCacheMode(*s.Cache)
+		if err != nil {
+			return &APIError{Code: "bad_request", Message: err.Error()}
+		}
+		m.Cache = mode
+	}
+	if s.Rotational != nil {
+		m.Rotational = *s.Rotational
+	}
+	if s.ReadOnly != nil {
+		m.ReadOnly = *s.ReadOnly
+	}
+	if s.Description != nil {
+		m.Description = *s.Description
+	}
+	return nil
 }
 
 // Status is the body of GET /v1/status.

@@ -135,6 +135,13 @@ func (c *Client) Resize(name string, size int64, force bool) (VolumeInfo, error)
 	return v, err
 }
 
+// Update changes a volume's settings.
+func (c *Client) Update(name string, s Settings) (VolumeInfo, error) {
+	var v VolumeInfo
+	err := c.Do("POST", "/v1/volumes/"+url.PathEscape(name)+"/settings", s, &v)
+	return v, err
+}
+
 // Delete deletes a volume.
 func (c *Client) Delete(name string, force bool) error {
 	return c.Do("DELETE", "/v1/volumes/"+url.PathEscape(name)+"?force="+strconv.FormatBool(force), nil, nil)
@@ -153,6 +160,7 @@ type VolumeOps interface {
 	List() ([]VolumeInfo, error)
 	Info(name string) (VolumeInfo, error)
 	Resize(name string, size int64, force bool) (VolumeInfo, error)
+	Update(name string, s Settings) (VolumeInfo, error)
 	Delete(name string, force bool) error
 	Close() error
 }
@@ -204,6 +212,11 @@ func (o directOps) Info(name string) (VolumeInfo, error) {
 
 func (o directOps) Resize(name string, size int64, force bool) (VolumeInfo, error) {
 	m, err := o.s.Resize(name, size, force)
+	return o.vi(m), err
+}
+
+func (o directOps) Update(name string, s Settings) (VolumeInfo, error) {
+	m, err := o.s.Update(name, s.apply)
 	return o.vi(m), err
 }
 

@@ -31,6 +31,7 @@ func (d *Daemon) startControl() error {
 	mux.HandleFunc("POST /v1/volumes", d.hCreate)
 	mux.HandleFunc("GET /v1/volumes/{name}", d.hInfo)
 	mux.HandleFunc("POST /v1/volumes/{name}/resize", d.hResize)
+	mux.HandleFunc("POST /v1/volumes/{name}/settings", d.hSettings)
 	mux.HandleFunc("DELETE /v1/volumes/{name}", d.hDelete)
 	if d.cfg.Pprof {
 		registerPprof(mux)
@@ -175,6 +176,74 @@ func (d *Daemon) hResize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	vi, err := d.ResizeVolume(r.PathValue("name"), size, req.Force)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, vi)
+}
+
+// UpdateVolume changes a volume's mutable settings (cache mode, rotational
+// hint, read-only, description). The open volume is closed and reopened
+// with the new settings, which needs it to be idle: with clients connected
+// it returns ErrInUse (they would otherwise keep the old flags, negotiated
+// at connect time).
+func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := (*d.vols.Load())[name]
+	if old == nil {
+		m, err := d.store.Update(name, s.apply) // exists but not open, or missing
+		if err != nil {
+			return VolumeInfo{}, err
+		}
+		return d.info(m), nil
+	}
+	old.deleting.Store(true) // same handshake with registry.Open as DeleteVolume
+	if old.refs.Load() > 0 {
+		old.deleting.Store(false)
+		return VolumeInfo{}, fmt.Errorf("volume %s: %w (settings apply when no client is connected)", name, volume.ErrInUse)
+	}
+	prev, err := d.store.Get(name)
+	if err != nil {
+		old.deleting.Store(false)
+		return VolumeInfo{}, err
+	}
+	m, err := d.store.Update(name, s.apply)
+	if err != nil {
+		old.deleting.Store(false)
+		return VolumeInfo{}, err
+	}
+	// Stop the old engine first: the new one must not run beside it on the
+	// same file (its writes would not be ordered against the old one's).
+	if err := old.close(); err != nil {
+		d.log.Error("closing volume for reopen", "volume", name, "err", err)
+	}
+	nv, err := openVol(d.store, m, d.engineFor(name), uint32(d.cfg.MaxPayload))
+	if err != nil {
+		// Put the old settings back and serve the volume as before.
+		d.store.Update(name, func(mm *volume.Meta) error { *mm = prev; return nil })
+		nv, err2 := openVol(d.store, prev, d.engineFor(name), uint32(d.cfg.MaxPayload))
+		if err2 != nil {
+			d.publish(func(mm map[string]*vol) { delete(mm, name) })
+			d.log.Error("volume could not be reopened; not exported", "volume", name, "err", err2)
+		} else {
+			d.publish(func(mm map[string]*vol) { mm[name] = nv })
+		}
+		return VolumeInfo{}, err
+	}
+	d.publish(func(mm map[string]*vol) { mm[name] = nv })
+	d.log.Info("volume settings changed", "volume", name, "cache", m.Cache, "rotational", m.Rotational, "read_only", m.ReadOnly)
+	return d.info(m), nil
+}
+
+func (d *Daemon) hSettings(w http.ResponseWriter, r *http.Request) {
+	var req Settings
+	if err := readJSON(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	vi, err := d.UpdateVolume(r.PathValue("name"), req)
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -467,3 +467,49 @@ func TestReadOnlyVolume(t *testing.T) {
 	}
 	run(t, "qemu-io", "-f", "raw", "-r", "-c", "read -P 0x77 0 64k", r.url("base"))
 }
+
+// TestUpdateSettings changes the rotational hint and read-only flag of a
+// live volume through the control socket: refused while a client is
+// connected, applied (by reopening) when idle, data kept.
+func TestUpdateSettings(t *testing.T) {
+	needTool(t, "qemu-io")
+	needTool(t, "nbdinfo")
+	dir := t.TempDir()
+	r := start(t, dir, func(c *config.Config) {
+		c.NoDefaultVolume = true
+		c.Volumes = []config.Volume{{Name: "v", Size: 16 << 20}}
+	})
+	c, err := Dial(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x42 1M 128k", r.url("v"))
+	yes := true
+	q := openQemuIO(t, r.url("v"))
+	waitFor(t, "qemu-io to connect", func() bool {
+		vi, err := c.Info("v")
+		return err == nil && vi.Exports > 0
+	})
+	if _, err := c.Update("v", Settings{Rotational: &yes}); !errors.Is(err, volume.ErrInUse) {
+		t.Fatalf("update while connected: %v", err)
+	}
+	q.close()
+	waitFor(t, "qemu-io to disconnect", func() bool {
+		vi, err := c.Info("v")
+		return err == nil && vi.Exports == 0
+	})
+	none := "bogus"
+	if _, err := c.Update("v", Settings{Cache: &none}); err == nil {
+		t.Fatal("bogus cache mode accepted")
+	}
+	vi, err := c.Update("v", Settings{Rotational: &yes, ReadOnly: &yes})
+	if err != nil || !vi.Rotational || !vi.ReadOnly {
+		t.Fatalf("update: %+v %v", vi, err)
+	}
+	js := run(t, "nbdinfo", "--json", r.url("v"))
+	if !strings.Contains(js, `"is_rotational": true`) || !strings.Contains(js, `"is_read_only": true`) {
+		t.Fatalf("new settings not advertised:\n%s", js)
+	}
+	run(t, "qemu-io", "-f", "raw", "-r", "-c", "read -P 0x42 1M 128k", r.url("v"))
+}

@@ -49,3 +49,5 @@ func benchEngine(b *testing.B, op ioengine.Op, seq bool) {
 func BenchmarkEngineSeqWrite4K(b *testing.B)  { benchEngine(b, ioengine.OpWrite, true) }
 func BenchmarkEngineRandWrite4K(b *testing.B) { benchEngine(b, ioengine.OpWrite, false) }
 func BenchmarkEngineRandRead4K(b *testing.B)  { benchEngine(b, ioengine.OpRead, false) }
+
+func BenchmarkEngineSeqRead4K(b *testing.B) { benchEngine(b, ioengine.OpRead, true) }

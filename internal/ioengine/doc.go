@@ -42,8 +42,9 @@
 // builds, so every 4 KiB write would reach the backend alone.
 //
 // So the engine gathers writes, like an elevator's plug or an NFS server's
-// write gathering: a write that lies within MaxMergeBytes of one of the last
-// 32 writes submitted is held back, while the writers have recently had
+// write gathering: a write that lies within 64 KiB of one of the last 32
+// writes submitted (a sequential stream, possibly slightly out of order) is
+// held back, while the writers have recently had
 // more than one write outstanding, until the first of:
 //
 //   - its contiguous run reaches MaxMergeBytes;

@@ -331,8 +331,14 @@ func conflicts(o, n *item) bool {
 	return o.off < n.end && n.off < o.end
 }
 
+// nearGap is how far (in bytes) a write may be from a recent write and
+// still count as part of a sequential stream: a stream's requests can
+// arrive slightly out of order (several submitting goroutines, multi-conn),
+// but random writes should rarely qualify.
+const nearGap = 64 << 10
+
 func (e *Engine) nearRecentLocked(off, end int64) bool {
-	lim := e.cfg.MaxMergeBytes
+	lim := min(e.cfg.MaxMergeBytes, nearGap)
 	for _, s := range e.recent {
 		if s.end == 0 {
 			continue

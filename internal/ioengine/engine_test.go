@@ -61,7 +61,8 @@ func TestMergeSequentialWrites(t *testing.T) {
 			// -race on a loaded 2-core CI machine a goroutine wake-up can
 			// take longer than that; the test is about the policy (runs are
 			// released when the clients' queue is full), not the scheduler.
-			e := ioengine.New(c, ioengine.Config{Workers: 4, GatherDelay: 5 * time.Millisecond})
+			// (Unloaded and without -race the default gives ~100 KiB.)
+			e := ioengine.New(c, ioengine.Config{Workers: 4, GatherDelay: 50 * time.Millisecond})
 			var next atomic.Int64
 			var wg sync.WaitGroup
 			for i := 0; i < clients; i++ {

@@ -42,7 +42,7 @@ type Request struct {
 	Length int64  // bytes; for OpWrite it equals len(Data)
 	Data   []byte // OpWrite payload, or OpRead destination (len == Length)
 
-	FUA      bool // OpWrite/OpWriteZeroes: durable before Done
+	FUA      bool // OpWrite/OpWriteZeroes/OpTrim: durable before Done
 	NoHole   bool // OpWriteZeroes: the range must stay allocated
 	FastZero bool // OpWriteZeroes: fail with backend.ErrNotFast rather than write slowly
 

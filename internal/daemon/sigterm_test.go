@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -188,12 +189,29 @@ func TestCLI(t *testing.T) {
 	}
 	vmsan(false, "status") // no daemon
 
+	// Flags override the config file.
+	cf := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cf, []byte("data_dir: /from/file\nlog_level: debug\nmetrics_listen: 127.0.0.1:9\n"), 0o644)
+	out, err := exec.Command(bin, "serve", "--config", cf, "--data-dir", "/from/flag", "--listen", "127.0.0.1:1", "--print-config").CombinedOutput()
+	if err != nil {
+		t.Fatalf("print-config: %v\n%s", err, out)
+	}
+	for _, want := range []string{"data_dir: /from/flag", "log_level: debug", "127.0.0.1:1", "metrics_listen: 127.0.0.1:9"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("effective config lacks %q:\n%s", want, out)
+		}
+	}
+	os.WriteFile(cf, []byte("data_dri: typo\n"), 0o644)
+	if out, err := exec.Command(bin, "serve", "--config", cf).CombinedOutput(); err == nil || !bytes.Contains(out, []byte("line 1: field data_dri not found")) {
+		t.Errorf("config typo: err=%v\n%s", err, out)
+	}
+
 	r := start(t, dir, nil)
 	vmsan(true, "volume", "create", "vm2", "--size", "1G")
-	out := vmsan(true, "status")
+	status := vmsan(true, "status")
 	for _, want := range []string{"vm1", "vm2", "MERGE RATIO", "listening on 127.0.0.1:"} {
-		if !bytes.Contains([]byte(out), []byte(want)) {
-			t.Errorf("status lacks %q:\n%s", want, out)
+		if !strings.Contains(status, want) {
+			t.Errorf("status lacks %q:\n%s", want, status)
 		}
 	}
 	vmsan(true, "volume", "delete", "vm2")

@@ -5,6 +5,7 @@
 //	go run ./bench/nbd-compare                      # all servers, 12 s per job
 //	go run ./bench/nbd-compare -runtime 5s -servers vmsan,nbdkit
 //	go run ./bench/nbd-compare -json > result.json
+//	go run ./bench/nbd-compare -from result.json    # table of a saved run
 //
 // The file is vmsan's own volume raw file (created with `vmsan volume
 // create`), pre-filled with non-zero data so reads hit allocated blocks; the
@@ -109,9 +110,22 @@ func run() error {
 		vmsanBin = flag.String("vmsan", "", "vmsan binary (default: go build ./cmd/vmsan into -dir)")
 		asJSON   = flag.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 		logDir   = flag.String("logs", "", "directory for server logs (default <dir>/logs)")
+		from     = flag.String("from", "", "print the table of a saved -json report and exit")
 		extra    = flag.String("vmsan-args", "", "extra arguments for `vmsan serve` (space separated), e.g. \"--pprof 127.0.0.1:6060\"")
 	)
 	flag.Parse()
+	if *from != "" {
+		b, err := os.ReadFile(*from)
+		if err != nil {
+			return err
+		}
+		var rep Report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			return fmt.Errorf("%s: %v", *from, err)
+		}
+		printTable(os.Stdout, rep)
+		return nil
+	}
 
 	size, err := parseSize(*sizeStr)
 	if err != nil {

@@ -178,11 +178,45 @@ func TestQD1WriterAmongReaders(t *testing.T) {
 }
 
 // jitter delays each backend call by a random 0-100µs so that requests
-// complete out of submission order.
+// complete out of submission order. It also stamps every returned write
+// buffer and every Sync with a global sequence number, so the test can check
+// that a FLUSH's Sync started only after every earlier write returned.
 type jitter struct {
 	backend.Backend
-	mu  sync.Mutex
-	rng *rand.Rand
+	mu        sync.Mutex
+	rng       *rand.Rand
+	seq       int64
+	returned  map[*byte]int64 // first byte of a write buffer -> return stamp
+	syncStart int64           // start stamp of the latest completed Sync
+}
+
+func (j *jitter) Sync() error {
+	j.mu.Lock()
+	j.seq++
+	start := j.seq
+	j.mu.Unlock()
+	err := j.Backend.Sync()
+	j.mu.Lock()
+	j.syncStart = max(j.syncStart, start)
+	j.mu.Unlock()
+	return err
+}
+
+// flushedAll reports whether a Sync that started after every buffer in
+// bufs had been written has completed.
+func (j *jitter) flushedAll(bufs []*byte) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, b := range bufs {
+		at, ok := j.returned[b]
+		if !ok {
+			return errors.New("FLUSH completed while an earlier-submitted write had not returned from the backend")
+		}
+		if at > j.syncStart {
+			return errors.New("FLUSH completed without a Sync after an earlier-submitted write")
+		}
+	}
+	return nil
 }
 
 func (j *jitter) wait() {
@@ -194,7 +228,14 @@ func (j *jitter) wait() {
 func (j *jitter) ReadvAt(b [][]byte, off int64) error { j.wait(); return j.Backend.ReadvAt(b, off) }
 func (j *jitter) WritevAt(b [][]byte, off int64, fua bool) error {
 	j.wait()
-	return j.Backend.WritevAt(b, off, fua)
+	err := j.Backend.WritevAt(b, off, fua)
+	j.mu.Lock()
+	j.seq++
+	for _, x := range b {
+		j.returned[&x[0]] = j.seq
+	}
+	j.mu.Unlock()
+	return err
 }
 func (j *jitter) Trim(off, n int64) error { j.wait(); return j.Backend.Trim(off, n) }
 func (j *jitter) WriteZeroes(off, n int64, t, f bool) error {
@@ -209,11 +250,13 @@ func (j *jitter) WriteZeroes(off, n int64, t, f bool) error {
 // that overlapping requests take effect in submission order, so the model
 // is exact: a read returns the state after every earlier-submitted
 // modification of its range and none of the later ones. Every FLUSH must
-// complete after all modifications submitted before it.
+// complete after a Sync that started after all writes submitted before it
+// had returned from the backend (stronger than the NBD rule, which only
+// covers writes already replied to).
 func TestReferenceModel(t *testing.T) {
 	const clients, region, steps, qd = 4, 256 << 10, 1500, 16
 	mem := backend.NewMem(clients * region)
-	b := &jitter{Backend: mem, rng: rand.New(rand.NewPCG(7, 7))}
+	b := &jitter{Backend: mem, rng: rand.New(rand.NewPCG(7, 7)), returned: map[*byte]int64{}}
 	e := ioengine.New(b, ioengine.Config{Workers: 6, MaxMergeBytes: 64 << 10, MaxQueue: 48})
 	var wg sync.WaitGroup
 	for c := 0; c < clients; c++ {
@@ -225,7 +268,7 @@ func TestReferenceModel(t *testing.T) {
 			base := int64(c * region)
 			model := make([]byte, region)
 			sem := make(chan struct{}, qd)
-			var mods []*atomic.Bool // completion flag of every modification so far
+			var writes []*byte // first byte of every write's payload so far
 			var inner sync.WaitGroup
 			for i := 0; i < steps; i++ {
 				sem <- struct{}{}
@@ -266,22 +309,13 @@ func TestReferenceModel(t *testing.T) {
 					clear(model[off : off+n])
 				default:
 					r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
-					earlier := append([]*atomic.Bool(nil), mods...)
-					check = func() error {
-						for _, m := range earlier {
-							if !m.Load() {
-								return errors.New("FLUSH completed before an earlier-submitted write")
-							}
-						}
-						return nil
-					}
+					earlier := append([]*byte(nil), writes...)
+					check = func() error { return b.flushedAll(earlier) }
 				}
-				var flag *atomic.Bool
-				if r.Op == ioengine.OpWrite || r.Op == ioengine.OpTrim || r.Op == ioengine.OpWriteZeroes {
-					flag = new(atomic.Bool)
-					mods = append(mods, flag)
-					if len(mods) > 256 {
-						mods = mods[len(mods)-256:] // older ones are long done
+				if r.Op == ioengine.OpWrite {
+					writes = append(writes, &r.Data[0])
+					if len(writes) > 256 {
+						writes = writes[len(writes)-256:] // older ones are long done
 					}
 				}
 				op, roff := r.Op, off
@@ -293,9 +327,6 @@ func TestReferenceModel(t *testing.T) {
 						if err := check(); err != nil {
 							t.Errorf("client %d step %v at %d+%d: %v", c, op, roff, r.Length, err)
 						}
-					}
-					if flag != nil {
-						flag.Store(true)
 					}
 					<-sem
 				}

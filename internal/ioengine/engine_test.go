@@ -569,8 +569,8 @@ func TestErrorsIsolatedAndMapped(t *testing.T) {
 	if err := e.Do(&ioengine.Request{Op: ioengine.OpFlush}); !errors.Is(err, ioengine.ErrClosed) {
 		t.Errorf("after Close: %v", err)
 	}
-	if s := e.Stats(); s.Rejected != 5 || s.Errors != 1 {
-		t.Errorf("rejected %d errors %d, want 5 and 1", s.Rejected, s.Errors)
+	if s := e.Stats(); s.Rejected != 5 || s.Errors != 1 || s.Merged != 31 {
+		t.Errorf("rejected %d errors %d merged %d, want 5, 1 and 31 (one run)", s.Rejected, s.Errors, s.Merged)
 	}
 }
 
@@ -618,5 +618,47 @@ func TestFUAPassedThrough(t *testing.T) {
 	calls := c.Calls()
 	if len(calls) < 3 || calls[0].Op != backendtest.OpWrite || !calls[0].FUA || calls[1].Op != backendtest.OpZero || calls[2].Op != backendtest.OpSync {
 		t.Fatalf("calls %+v: want FUA write, zero, sync", calls)
+	}
+}
+
+// TestReadMergeAndCap: contiguous reads queued behind a busy worker go out
+// as vectored reads of at most MaxMergeBytes, each request getting its own
+// bytes.
+func TestReadMergeAndCap(t *testing.T) {
+	m := backend.NewMem(1 << 20)
+	img := make([]byte, 1<<20)
+	rand.NewChaCha8([32]byte{1}).Read(img)
+	m.WritevAt([][]byte{img}, 0, false)
+	c := backendtest.NewCounting(m)
+	e := ioengine.New(c, ioengine.Config{Workers: 1, MaxMergeBytes: 64 << 10})
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	e.Submit(&ioengine.Request{Op: ioengine.OpFlush, Done: func(*ioengine.Request) { <-gate; wg.Done() }})
+	reqs := make([]*ioengine.Request, 32)
+	for i := range reqs {
+		wg.Add(1)
+		// Submitted in reverse order: merging must still lay them out by offset.
+		off := int64(31-i) * 4096
+		reqs[i] = &ioengine.Request{Op: ioengine.OpRead, Offset: off, Length: 4096, Data: make([]byte, 4096),
+			Done: func(*ioengine.Request) { wg.Done() }}
+		e.Submit(reqs[i])
+	}
+	close(gate)
+	wg.Wait()
+	e.Close()
+	for _, r := range reqs {
+		if r.Err != nil || !bytes.Equal(r.Data, img[r.Offset:r.Offset+4096]) {
+			t.Fatalf("read at %d: err %v or wrong data", r.Offset, r.Err)
+		}
+	}
+	var reads []backendtest.Call
+	for _, k := range c.Calls() {
+		if k.Op == backendtest.OpRead {
+			reads = append(reads, k)
+		}
+	}
+	if len(reads) != 2 || reads[0].Len != 64<<10 || reads[1].Len != 64<<10 || reads[0].NBufs != 16 {
+		t.Fatalf("backend reads %+v, want two 64 KiB reads of 16 buffers", reads)
 	}
 }

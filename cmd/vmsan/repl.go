@@ -64,6 +64,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	f.IntVar(&s.PingInterval, "ping-interval", 10, "ticks between pings")
 	f.IntVar(&s.PingTimeout, "ping-timeout", 60, "ticks without hearing from the peer before disconnecting")
 	f.IntVar(&s.KoTicks, "ko-ticks", 100, "ticks a replicated write may stay unacknowledged before the peer is dropped")
+	f.IntVar(&s.ALRetireTicks, "al-retire-ticks", 50, "ticks an activity-log extent stays hot after its last write")
 	f.StringVar(&rate, "resync-rate", "", "resync bandwidth per second (e.g. 100M; empty: unlimited)")
 	f.BoolVar(&s.Checksum, "checksum-resync", false, "send hashes first and data only where they differ")
 

@@ -190,8 +190,9 @@ type activityLog struct {
 }
 
 type alEntry struct {
-	lastUse uint64
-	refs    int
+	lastTick int64 // node tick of the last write (for retirement)
+	lastUse  uint64
+	refs     int
 }
 
 func newActivityLog(capacity int) *activityLog {
@@ -201,7 +202,7 @@ func newActivityLog(capacity int) *activityLog {
 // acquire takes references on the extents of [off, off+length). It returns
 // whether the AL set changed (needs persisting before the write) and the
 // evicted extents (whose bitmap words must be persisted).
-func (a *activityLog) acquire(off, length int64) (changed bool, evicted []int64) {
+func (a *activityLog) acquire(off, length, tick int64) (changed bool, evicted []int64) {
 	if length <= 0 {
 		length = 1
 	}
@@ -209,7 +210,7 @@ func (a *activityLog) acquire(off, length int64) (changed bool, evicted []int64)
 		a.clock++
 		if en, ok := a.ext[e]; ok {
 			en.refs++
-			en.lastUse = a.clock
+			en.lastUse, en.lastTick = a.clock, tick
 			continue
 		}
 		changed = true
@@ -221,7 +222,7 @@ func (a *activityLog) acquire(off, length int64) (changed bool, evicted []int64)
 			// No idle extent: the AL grows past its capacity rather than
 			// stall the write; it shrinks again on later misses.
 		}
-		a.ext[e] = &alEntry{lastUse: a.clock, refs: 1}
+		a.ext[e] = &alEntry{lastUse: a.clock, lastTick: tick, refs: 1}
 	}
 	return changed, evicted
 }
@@ -235,6 +236,31 @@ func (a *activityLog) release(off, length int64) {
 			en.refs--
 		}
 	}
+}
+
+// idle returns the extents with no write in flight last written at or
+// before tick: every write to them has completed.
+func (a *activityLog) idle(tick int64) []int64 {
+	var out []int64
+	for e, en := range a.ext {
+		if en.refs == 0 && en.lastTick <= tick {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// retire drops those of cand that are still idle since tick (not written
+// again) and reports whether any was dropped.
+func (a *activityLog) retire(cand []int64, tick int64) bool {
+	n := 0
+	for _, e := range cand {
+		if en, ok := a.ext[e]; ok && en.refs == 0 && en.lastTick <= tick {
+			delete(a.ext, e)
+			n++
+		}
+	}
+	return n > 0
 }
 
 func (a *activityLog) victim() (int64, bool) {

@@ -21,6 +21,10 @@ type Config struct {
 	KoTicks int
 
 	ALExtents int // activity log size in 4 MiB extents (default 64)
+	// ALRetireTicks: extents idle this long are retired (after a local
+	// flush makes their writes durable), so after a crash only recently
+	// written extents are resynced. Default 50.
+	ALRetireTicks int
 
 	ResyncIO       int64 // max bytes per resync read (default 1 MiB)
 	ResyncInflight int   // max resync reads in flight (default 8)
@@ -51,6 +55,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ALExtents <= 0 {
 		c.ALExtents = 64
+	}
+	if c.ALRetireTicks <= 0 {
+		c.ALRetireTicks = 50
 	}
 	if c.ResyncIO <= 0 {
 		c.ResyncIO = 1 << 20
@@ -245,6 +252,11 @@ type Node struct {
 	verifyCur int64
 	// target-side reads for checksum/verify compare: read id -> message
 	cmp map[uint64]Message
+
+	// AL retirement: a local flush in flight, and the tick it covers.
+	retireID   uint64
+	retireTick int64
+	retireSet  []int64
 
 	lastDecision Decision
 	lastErr      string
@@ -644,7 +656,7 @@ func (n *Node) issue(p *pendingWrite) {
 }
 
 func (n *Node) acquireAL(off, length int64) {
-	changed, evicted := n.al.acquire(off, length)
+	changed, evicted := n.al.acquire(off, length, n.tick)
 	if changed {
 		n.alDirty = true
 	}
@@ -672,6 +684,16 @@ func (n *Node) maybeRelease(p *pendingWrite) {
 
 // LocalDone reports that Apply id finished.
 func (n *Node) LocalDone(id uint64, err error) {
+	if id != 0 && id == n.retireID {
+		n.retireID = 0
+		// The flush made every write completed before it durable; extents
+		// idle since before it was issued need no replay after a crash.
+		// Their dirty bits go to disk in the same Persist as the AL.
+		if err == nil && n.al.retire(n.retireSet, n.retireTick) {
+			n.alDirty, n.bmDirty = true, true
+		}
+		return
+	}
 	if p, ok := n.writes[id]; ok {
 		p.localDone, p.localErr = true, err
 		if p.hasAL {
@@ -759,6 +781,17 @@ func (n *Node) Tick() {
 				n.disconnect(fmt.Sprintf("peer alive but did not complete write seq %d in %d ticks (ko)", p.seq, n.tick-p.since), Connecting)
 				return
 			}
+		}
+	}
+	// Retire idle activity-log extents.
+	if n.retireID == 0 && n.tick%int64(n.cfg.ALRetireTicks) == 0 {
+		cut := n.tick - int64(n.cfg.ALRetireTicks)
+		if set := n.al.idle(cut); len(set) > 0 {
+			// Only extents whose writes all completed before this flush is
+			// issued; the flush makes them durable.
+			n.nextID++
+			n.retireID, n.retireTick, n.retireSet = n.nextID, cut, set
+			n.rd.Apply = append(n.rd.Apply, Apply{ID: n.retireID, Op: OpFlush})
 		}
 	}
 	// Refill the resync budget.

@@ -154,7 +154,7 @@ func Start(o Options) (*Replica, error) {
 	}
 	cfg := repl.Config{
 		NodeID: s.NodeID, Size: o.Device.Info().Size, Protocol: proto, SplitBrain: sb,
-		PingInterval: s.PingInterval, PingTimeout: s.PingTimeout, KoTicks: s.KoTicks,
+		PingInterval: s.PingInterval, PingTimeout: s.PingTimeout, KoTicks: s.KoTicks, ALRetireTicks: s.ALRetireTicks,
 		Checksum: s.Checksum, Rand: randGen,
 	}
 	if s.ResyncRate > 0 {
@@ -509,7 +509,16 @@ func (r *Replica) rxReset() {
 func (r *Replica) call(fn func() error) error {
 	errc := make(chan error, 1)
 	select {
-	case r.events <- event{kind: evFn, fn: func() { errc <- fn() }}:
+	case r.events <- event{kind: evFn, fn: func() {
+		err := fn()
+		// Publish before answering, so a caller reading Status right
+		// after sees the effect.
+		if perr := r.process(); err == nil {
+			err = perr
+		}
+		r.publish()
+		errc <- err
+	}}:
 	case <-r.done:
 		return errors.New("repl: replica stopped")
 	}

@@ -38,6 +38,8 @@ type Settings struct {
 	PingInterval int `json:"ping_interval,omitempty"` // ticks, default 10
 	PingTimeout  int `json:"ping_timeout,omitempty"`  // ticks, default 60
 	KoTicks      int `json:"ko_ticks,omitempty"`      // ticks, default 100
+	// ALRetireTicks: activity-log extents idle this long are retired.
+	ALRetireTicks int `json:"al_retire_ticks,omitempty"` // ticks, default 50
 	// ResyncRate in bytes per second (0: unlimited); with ResyncMinRate the
 	// dynamic controller gives resync what application writes leave.
 	ResyncRate    int64 `json:"resync_rate,omitempty"`

@@ -98,10 +98,10 @@ func TestBandwidth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	buf := make([]byte, 256<<10)
+	out, in := make([]byte, 256<<10), make([]byte, 256<<10)
 	t0 := time.Now()
-	go c.Write(buf)
-	io.ReadFull(c, buf)
+	go c.Write(out)
+	io.ReadFull(c, in)
 	// 256 KiB at 1 MiB/s is at least ~250 ms (a lower bound only).
 	if el := time.Since(t0); el < 200*time.Millisecond {
 		t.Fatalf("256 KiB crossed a 1 MiB/s link in %v", el)

@@ -363,6 +363,7 @@ func TestDataSurvivesRestart(t *testing.T) {
 	r := start(t, dir, func(c *config.Config) {
 		c.NoDefaultVolume = true
 		c.MetricsListen = "127.0.0.1:0"
+		c.Pprof = true
 		c.Volumes = []config.Volume{{Name: "disk", Size: 64 << 20, Cache: "writeback"}}
 	})
 	uri := r.url("disk")
@@ -390,6 +391,15 @@ func TestDataSurvivesRestart(t *testing.T) {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	resp, err = http.Get("http://" + r.d.MetricsAddr().String() + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("goroutine profile")) {
+		t.Fatalf("pprof: %d\n%.300s", resp.StatusCode, body)
 	}
 	if err := r.stop(); err != nil {
 		t.Fatal(err)

@@ -49,11 +49,11 @@ import (
 
 // Defaults of the embedded configuration (`vmsan serve` with no arguments).
 const (
-	DefaultDataDir       = "./vmsan-data"
-	DefaultListen        = "127.0.0.1:10809"
-	DefaultVolumeName    = "default"
-	DefaultVolumeSize    = 10 << 30
-	DefaultMaxPayload    = 32 << 20
+	DefaultDataDir    = "./vmsan-data"
+	DefaultListen     = "127.0.0.1:10809"
+	DefaultVolumeName = "default"
+	DefaultVolumeSize = 10 << 30
+	DefaultMaxPayload = 32 << 20
 )
 
 // Size is a byte count that unmarshals from "20G" style strings or plain

@@ -69,7 +69,7 @@ type Daemon struct {
 	store *volume.Store
 	srv   *server.Server
 
-	mu   sync.Mutex                     // serialises changes to vols
+	mu   sync.Mutex                      // serialises changes to vols
 	vols atomic.Pointer[map[string]*vol] // copy-on-write snapshot
 
 	nbdLns    []net.Listener

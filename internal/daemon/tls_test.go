@@ -79,4 +79,3 @@ func TestTLSRequired(t *testing.T) {
 		t.Fatalf("plain connection accepted with TLS required: %s", out)
 	}
 }
-

@@ -261,8 +261,13 @@ func (e *Engine) Submit(r *Request) {
 	}
 	if r.Op == OpWrite {
 		e.outWrites++
-		if now-e.winStart > qdWindow {
+		if el := now - e.winStart; el > qdWindow {
 			e.prevPeak, e.curPeak, e.winStart = e.curPeak, 0, now
+			if el > 2*qdWindow {
+				// The previous window saw no writes at all: a burst from
+				// long ago must not make a new writer look deep.
+				e.prevPeak = 0
+			}
 		}
 		if e.outWrites > e.curPeak {
 			e.curPeak = e.outWrites

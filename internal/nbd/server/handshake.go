@@ -86,6 +86,10 @@ func (c *conn) serve() {
 		}
 	}()
 	c.nc.SetDeadline(time.Now().Add(c.s.cfg.HandshakeTimeout))
+	if c.isStopped() {
+		// stop() ran before the deadline above replaced its own.
+		return
+	}
 	err := c.handshake()
 	if err != nil {
 		c.s.ctr.handshakeFails.Add(1)

@@ -152,6 +152,7 @@ type statsState struct {
 	merged, held               uint64
 	maxQueue, inflight, maxInF int
 	latency, wsizes, rsizes    logHist
+	rlat, wlat, flat           logHist
 }
 
 // New starts an Engine over b. The Engine does not own b: Close drains and
@@ -173,7 +174,8 @@ func New(b backend.Backend, cfg Config) *Engine {
 	e.spaceCond.L = &e.mu
 	e.doChans.New = func() any { return make(chan struct{}, 1) }
 	e.st.latency = newLogHist(10, 34) // 1µs .. ~17s
-	e.st.wsizes = newLogHist(9, 25)   // 512 B .. 32 MiB
+	e.st.rlat, e.st.wlat, e.st.flat = e.st.latency, e.st.latency, e.st.latency
+	e.st.wsizes = newLogHist(9, 25) // 512 B .. 32 MiB
 	e.st.rsizes = newLogHist(9, 25)
 	e.timer = time.AfterFunc(time.Hour, e.onTimer)
 	e.timer.Stop()
@@ -697,7 +699,16 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 	woke := 0
 	for it := head; it != nil; {
 		next := it.bnext
-		e.st.latency.record(now - it.submitted)
+		lat := now - it.submitted
+		e.st.latency.record(lat)
+		switch it.op {
+		case OpRead:
+			e.st.rlat.record(lat)
+		case OpWrite:
+			e.st.wlat.record(lat)
+		case OpFlush:
+			e.st.flat.record(lat)
+		}
 		if it.err != nil {
 			e.st.errors++
 		}
@@ -777,6 +788,9 @@ func (e *Engine) Stats() Stats {
 		InFlight:      s.inflight,
 		MaxInFlight:   s.maxInF,
 		Latency:       s.latency.snapshot(),
+		ReadLatency:   s.rlat.snapshot(),
+		WriteLatency:  s.wlat.snapshot(),
+		FlushLatency:  s.flat.snapshot(),
 		WriteSizes:    s.wsizes.snapshot(),
 		ReadSizes:     s.rsizes.snapshot(),
 	}

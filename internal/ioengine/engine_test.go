@@ -697,3 +697,31 @@ func TestReadMergeAndCap(t *testing.T) {
 		t.Fatalf("backend reads %+v, want two 64 KiB reads of 16 buffers", reads)
 	}
 }
+
+func TestStatsHistograms(t *testing.T) {
+	e := ioengine.New(backend.NewMem(1<<20), ioengine.Config{})
+	for i := 0; i < 10; i++ {
+		e.Do(&ioengine.Request{Op: ioengine.OpWrite, Offset: int64(i) * 65536, Length: 8192, Data: make([]byte, 8192)})
+	}
+	e.Do(&ioengine.Request{Op: ioengine.OpRead, Length: 512, Data: make([]byte, 512)})
+	e.Do(&ioengine.Request{Op: ioengine.OpFlush})
+	e.Close()
+	s := e.Stats()
+	if s.Latency.Count != 12 || s.WriteLatency.Count != 10 || s.ReadLatency.Count != 1 || s.FlushLatency.Count != 1 {
+		t.Fatalf("latency counts %d/%d/%d/%d", s.Latency.Count, s.WriteLatency.Count, s.ReadLatency.Count, s.FlushLatency.Count)
+	}
+	// 8 KiB writes land in the (4 KiB, 8 KiB] bucket; the 512 B read in the first.
+	if s.WriteSizes.Count != 10 || s.WriteSizes.Sum != 81920 || s.WriteSizes.Quantile(0.5) != 8192 || s.WriteSizes.Counts[4] != 10 {
+		t.Fatalf("write sizes %+v", s.WriteSizes)
+	}
+	if s.ReadSizes.Counts[0] != 1 || s.MeanWriteSize() != 8192 || s.MergeRatio() != 1 {
+		t.Fatalf("read sizes %+v mean %v ratio %v", s.ReadSizes, s.MeanWriteSize(), s.MergeRatio())
+	}
+	var sum uint64
+	for _, c := range s.Latency.Counts {
+		sum += c
+	}
+	if sum != s.Latency.Count || len(s.Latency.Counts) != len(s.Latency.UpperBounds)+1 {
+		t.Fatal("latency buckets inconsistent")
+	}
+}

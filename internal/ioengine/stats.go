@@ -58,8 +58,10 @@ type Stats struct {
 	// InFlight is the number of backend calls running now; MaxInFlight the
 	// highest seen (never above Config.Workers).
 	InFlight, MaxInFlight int
-	// Latency is submit-to-completion time in nanoseconds, per request.
-	Latency Histogram
+	// Latency is submit-to-completion time in nanoseconds, per request;
+	// ReadLatency, WriteLatency and FlushLatency split it by kind.
+	Latency                                 Histogram
+	ReadLatency, WriteLatency, FlushLatency Histogram
 	// WriteSizes and ReadSizes are bytes per backend call.
 	WriteSizes, ReadSizes Histogram
 }

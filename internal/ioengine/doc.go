@@ -14,7 +14,10 @@
 // # Concurrency and ordering guarantees
 //
 // Submit, Do, Stats and Close are safe for concurrent use. Done callbacks
-// run on engine goroutines, never with the engine lock held.
+// run on engine goroutines, never with the engine lock held, and must not
+// block on the same engine (a blocked worker cannot complete anything);
+// requests rejected up front (invalid, out of range, after Close) complete
+// with Done called from the submitting goroutine.
 //
 //   - Overlapping requests are never reordered: a request waits for every
 //     earlier-submitted, unfinished request that overlaps it, unless both
@@ -68,4 +71,9 @@
 // device write) per 4 KiB. Reads are merged but never held: a reader waits
 // for its data, and read-ahead below already batches sequential reads.
 // Set GatherDelay negative to disable gathering.
+//
+// Measured: fio --ioengine=nbd --rw=write --bs=4k --iodepth=32 through
+// vmsan serve reaches the page-cached file as ~126 KiB pwritev calls (merge
+// ratio ~31); TestMergeSequentialWrites asserts a mean >= 64 KiB at QD32 for
+// cache=writeback and cache=none.
 package ioengine

@@ -13,6 +13,10 @@ import (
 // (RunParallel with SetParallelism) through an engine over Mem, reporting
 // allocs/op: the engine's own bookkeeping should add none per request.
 func benchEngine(b *testing.B, op ioengine.Op, seq bool) {
+	benchEngineCfg(b, op, seq, ioengine.Config{})
+}
+
+func benchEngineCfg(b *testing.B, op ioengine.Op, seq bool, cfg ioengine.Config) {
 	const size = 64 << 20
 	m := backend.NewMem(size)
 	// Allocate every page first so Mem's page allocations do not show up
@@ -20,7 +24,7 @@ func benchEngine(b *testing.B, op ioengine.Op, seq bool) {
 	if err := m.WritevAt([][]byte{make([]byte, size)}, 0, false); err != nil {
 		b.Fatal(err)
 	}
-	e := ioengine.New(m, ioengine.Config{})
+	e := ioengine.New(m, cfg)
 	defer e.Close()
 	var next, seeds atomic.Int64
 	b.SetBytes(4096)
@@ -44,9 +48,18 @@ func benchEngine(b *testing.B, op ioengine.Op, seq bool) {
 	b.StopTimer()
 	s := e.Stats()
 	b.ReportMetric(s.MergeRatio(), "merge-ratio")
+	if op == ioengine.OpWrite {
+		b.ReportMetric(s.MeanWriteSize(), "B/backend-write")
+	}
 }
 
-func BenchmarkEngineSeqWrite4K(b *testing.B)  { benchEngine(b, ioengine.OpWrite, true) }
+func BenchmarkEngineSeqWrite4K(b *testing.B) { benchEngine(b, ioengine.OpWrite, true) }
+
+// BenchmarkEngineSeqWrite4KNoGather is the comparison for gathering: only
+// what happens to be queued merges.
+func BenchmarkEngineSeqWrite4KNoGather(b *testing.B) {
+	benchEngineCfg(b, ioengine.OpWrite, true, ioengine.Config{GatherDelay: -1})
+}
 func BenchmarkEngineRandWrite4K(b *testing.B) { benchEngine(b, ioengine.OpWrite, false) }
 func BenchmarkEngineRandRead4K(b *testing.B)  { benchEngine(b, ioengine.OpRead, false) }
 

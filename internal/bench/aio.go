@@ -85,6 +85,11 @@ type aioQueue struct {
 
 // NewQueue implements AsyncTarget for files and block devices.
 func (t *fileTarget) NewQueue(depth int) (Queue, error) {
+	if !t.info.Direct {
+		// Linux AIO on buffered files runs inside io_submit, synchronously:
+		// a queue would silently be QD1. Threads give real concurrency.
+		return nil, ErrNoAsync
+	}
 	if depth < 1 {
 		depth = 1
 	}

@@ -95,6 +95,10 @@ func (c *conn) discardLimit() uint32 { return max(c.s.cfg.MaxPayload, proto.Defa
 func (c *conn) transmit() {
 	cfg := &c.s.cfg
 	bs := c.blockSize()
+	// INVARIANT: every op holds one slots token from before it is created
+	// until finish(), and only such ops are ever sent on replies, so a send
+	// on replies never blocks — which is what lets the engine's completion
+	// callback (op.done) send on it without stalling an engine worker.
 	t := &txState{
 		replies:   make(chan *op, cfg.MaxInflight),
 		slots:     make(chan struct{}, cfg.MaxInflight),

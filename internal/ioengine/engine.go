@@ -407,7 +407,10 @@ func (e *Engine) makeReadyLocked(it *item, now int64) {
 			it.runLen += p.runLen
 		}
 	}
-	if it.op == OpWrite && it.inMaps && e.gather > 0 && it.near && !e.closing &&
+	// A write that others already wait for (e.g. rewrites of one block,
+	// serialised by their overlap) is never held: holding it would delay
+	// the whole chain by GatherDelay per link.
+	if it.op == OpWrite && it.inMaps && e.gather > 0 && it.near && !e.closing && len(it.dependents) == 0 &&
 		e.qdEstimate() > 1 && it.end-it.off < e.cfg.MaxMergeBytes {
 		hu := now + e.gather
 		// Join the deadline of the run this write extends, so a run's

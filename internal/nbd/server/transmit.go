@@ -373,6 +373,9 @@ func toErrno(err error) proto.Errno {
 		return e
 	case errors.Is(err, backend.ErrNotFast):
 		return proto.ENOTSUP
+	case errors.Is(err, backend.ErrOutOfRange):
+		// The export shrank under a connection that still has the old size.
+		return proto.EINVAL
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
 		return proto.ENOSPC
 	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EACCES):

@@ -20,7 +20,10 @@ type Config struct {
 	// unacknowledged this long is disconnected (DRBD's ko-count). 0: 100.
 	KoTicks int
 
-	ALExtents int // activity log size in 4 MiB extents (default 64)
+	// ALExtents is the activity log size in 4 MiB extents (default 1024,
+	// i.e. 4 GiB hot; DRBD's default is 1237). A write to an extent not in
+	// the AL costs one small synchronous metadata write first.
+	ALExtents int
 	// ALRetireTicks: extents idle this long are retired (after a local
 	// flush makes their writes durable), so after a crash only recently
 	// written extents are resynced. Default 50.
@@ -54,7 +57,7 @@ func (c *Config) setDefaults() {
 		c.KoTicks = 100
 	}
 	if c.ALExtents <= 0 {
-		c.ALExtents = 64
+		c.ALExtents = 1024
 	}
 	if c.ALRetireTicks <= 0 {
 		c.ALRetireTicks = 50

@@ -1,15 +1,15 @@
 package repl_test
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/vmsan/vmsan/internal/repl/driver"
 )
 
 // writes builds qemu-io write commands: n writes of size bytes at stride,
@@ -108,9 +108,10 @@ func TestKillSecondaryQuickResync(t *testing.T) {
 	// Written while down: 4 MiB in 64 KiB chunks (whole bitmap chunks).
 	const downBytes = 4 << 20
 	mustIO(t, p.a.uri(), writes(0x23, 32<<20, 64<<10, 64<<10, downBytes/(64<<10))...)
-	var al []int64
-	b, _ := os.ReadFile(filepath.Join(p.b.dir, "repl", volName, "al.json"))
-	json.Unmarshal(b, &al)
+	al, err := driver.LoadAL(filepath.Join(p.b.dir, "repl", volName))
+	if err != nil {
+		t.Fatal(err)
+	}
 	hot := int64(len(al)) * (4 << 20)
 	p.b.start()
 	p.waitSynced(t, 60*time.Second)

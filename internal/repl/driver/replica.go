@@ -145,6 +145,16 @@ func Start(o Options) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
+	if st.al, err = openALFile(o.Dir); err != nil {
+		return nil, err
+	}
+	if len(al) == 1 && al[0] == -1 {
+		// The AL overflowed before a crash: every extent may be hot.
+		al = nil
+		for e := int64(0); e*repl.ALExtentSize < o.Device.Info().Size; e++ {
+			al = append(al, e)
+		}
+	}
 	if !found {
 		m = repl.Meta{Disk: repl.Inconsistent, Clean: true}
 		if s.Role == "primary" {
@@ -574,5 +584,6 @@ func (r *Replica) Close() error {
 	r.ln.Close()
 	r.rxCond.Broadcast()
 	r.wg.Wait()
+	r.st.al.close()
 	return r.closeErr
 }

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
+
+	"syscall"
 
 	"github.com/vmsan/vmsan/internal/atomicfile"
 	"github.com/vmsan/vmsan/internal/repl"
@@ -105,9 +108,14 @@ func SaveSettings(dir string, s Settings) error {
 	return atomicfile.WriteFile(filepath.Join(dir, "config.json"), append(b, '\n'), 0o644)
 }
 
-// state is the persisted replication state: meta.json, al.json and
-// bitmap.bin, each replaced atomically (temp, fsync, rename, fsync dir).
-type state struct{ dir string }
+// state is the persisted replication state: meta.json and bitmap.bin,
+// each replaced atomically (temp, fsync, rename, fsync dir), and the
+// activity log al.bin, updated in place (see alFile) because it changes on
+// the write path.
+type state struct {
+	dir string
+	al  *alFile
+}
 
 func (s state) load() (m repl.Meta, words []uint64, al []int64, found bool, err error) {
 	b, err := os.ReadFile(filepath.Join(s.dir, "meta.json"))
@@ -120,10 +128,8 @@ func (s state) load() (m repl.Meta, words []uint64, al []int64, found bool, err 
 	if err := json.Unmarshal(b, &m); err != nil {
 		return m, nil, nil, false, fmt.Errorf("meta.json: %w", err)
 	}
-	if b, err := os.ReadFile(filepath.Join(s.dir, "al.json")); err == nil {
-		if err := json.Unmarshal(b, &al); err != nil {
-			return m, nil, nil, false, fmt.Errorf("al.json: %w", err)
-		}
+	if al, err = LoadAL(s.dir); err != nil {
+		return m, nil, nil, false, err
 	}
 	if b, err := os.ReadFile(filepath.Join(s.dir, "bitmap.bin")); err == nil {
 		if len(b)%8 != 0 {
@@ -151,12 +157,7 @@ func (s state) persist(p repl.Persist) error {
 		}
 	}
 	if p.ALChanged {
-		al := p.AL
-		if al == nil {
-			al = []int64{}
-		}
-		b, _ := json.Marshal(al)
-		if err := atomicfile.WriteFile(filepath.Join(s.dir, "al.json"), b, 0o644); err != nil {
+		if err := s.al.write(p.AL); err != nil {
 			return err
 		}
 	}
@@ -167,4 +168,112 @@ func (s state) persist(p repl.Persist) error {
 		}
 	}
 	return nil
+}
+
+// alFile is the activity log on disk: two fixed-size slots written
+// alternately in place, each with a sequence number and a CRC, followed by
+// one fdatasync. A torn write can only damage the slot being written; the
+// other still holds the previous AL, which is a superset of what is safe to
+// forget (the new AL is persisted before any write to a new extent). That
+// is one small write + one fdatasync per AL change, instead of the
+// temp+fsync+rename+dir-fsync of an atomic file replace.
+//
+// Slot: magic "VMAL" u32 | seq u64 | count u32 | overflow u8 | pad [3] |
+// crc32c(entries) u32 | entries count × u64 (little endian).
+type alFile struct {
+	f   *os.File
+	seq uint64
+}
+
+const (
+	alMagic      = 0x564d414c
+	alSlotSize   = 64 << 10
+	alHeader     = 24
+	alMaxEntries = (alSlotSize - alHeader) / 8
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+func openALFile(dir string) (*alFile, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "al.bin"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	a := &alFile{f: f}
+	if _, seq, ok := readALSlots(f); ok {
+		a.seq = seq
+	}
+	return a, nil
+}
+
+func (a *alFile) write(ext []int64) error {
+	a.seq++
+	b := make([]byte, alHeader+8*min(len(ext), alMaxEntries))
+	binary.LittleEndian.PutUint32(b[0:], alMagic)
+	binary.LittleEndian.PutUint64(b[4:], a.seq)
+	n := min(len(ext), alMaxEntries)
+	binary.LittleEndian.PutUint32(b[12:], uint32(n))
+	if len(ext) > alMaxEntries {
+		b[16] = 1 // overflow: after a crash, treat the whole volume as hot
+	}
+	for i := 0; i < n; i++ {
+		binary.LittleEndian.PutUint64(b[alHeader+8*i:], uint64(ext[i]))
+	}
+	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[alHeader:], crcTable))
+	if _, err := a.f.WriteAt(b, int64(a.seq%2)*alSlotSize); err != nil {
+		return err
+	}
+	return syscall.Fdatasync(int(a.f.Fd()))
+}
+
+func (a *alFile) close() error { return a.f.Close() }
+
+// readALSlots returns the newest valid slot's extents (nil extents and
+// overflow=true are reported as a single -1 entry).
+func readALSlots(f *os.File) (ext []int64, seq uint64, ok bool) {
+	for slot := int64(0); slot < 2; slot++ {
+		h := make([]byte, alHeader)
+		if _, err := f.ReadAt(h, slot*alSlotSize); err != nil {
+			continue
+		}
+		if binary.LittleEndian.Uint32(h[0:]) != alMagic {
+			continue
+		}
+		s := binary.LittleEndian.Uint64(h[4:])
+		n := binary.LittleEndian.Uint32(h[12:])
+		if n > alMaxEntries || (ok && s <= seq) {
+			continue
+		}
+		body := make([]byte, 8*int(n))
+		if _, err := f.ReadAt(body, slot*alSlotSize+alHeader); err != nil && n > 0 {
+			continue
+		}
+		if crc32.Checksum(body, crcTable) != binary.LittleEndian.Uint32(h[20:]) {
+			continue
+		}
+		e := make([]int64, n)
+		for i := range e {
+			e[i] = int64(binary.LittleEndian.Uint64(body[8*i:]))
+		}
+		if h[16] == 1 {
+			e = []int64{-1}
+		}
+		ext, seq, ok = e, s, true
+	}
+	return ext, seq, ok
+}
+
+// LoadAL returns the persisted activity log's extents (4 MiB each). A
+// single -1 means the AL overflowed: the whole volume counts as hot.
+func LoadAL(dir string) ([]int64, error) {
+	f, err := os.Open(filepath.Join(dir, "al.bin"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	ext, _, _ := readALSlots(f)
+	return ext, nil
 }

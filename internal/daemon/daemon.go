@@ -251,6 +251,11 @@ func (d *Daemon) ensureVolumes() error {
 		case int64(cv.Size) < m.Size:
 			d.log.Warn("volume is larger than configured; not shrinking (use vmsan volume resize --force)", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size))
 		}
+		if err == nil {
+			if err := d.applyConfigSettings(cv); err != nil {
+				return err
+			}
+		}
 	}
 	if len(d.cfg.Volumes) > 0 || d.cfg.NoDefaultVolume {
 		return nil
@@ -264,6 +269,32 @@ func (d *Daemon) ensureVolumes() error {
 		d.log.Info("created default volume", "volume", config.DefaultVolumeName, "size", volume.HumanSize(config.DefaultVolumeSize))
 	}
 	return err
+}
+
+// applyConfigSettings makes an existing volume's flags match its config
+// entry: the config file is declarative, so editing "rotational: true" and
+// restarting must take effect. Cache and description apply only when set.
+func (d *Daemon) applyConfigSettings(cv config.Volume) error {
+	m, err := d.store.Get(cv.Name)
+	if err != nil {
+		return err
+	}
+	want := m
+	if cv.Cache != "" {
+		want.Cache = backendMode(cv.Cache)
+	}
+	if cv.Description != "" {
+		want.Description = cv.Description
+	}
+	want.Rotational, want.ReadOnly = cv.Rotational, cv.ReadOnly
+	if want == m {
+		return nil
+	}
+	if _, err := d.store.Update(cv.Name, func(mm *volume.Meta) error { *mm = want; return nil }); err != nil {
+		return err
+	}
+	d.log.Info("applied config settings to volume", "volume", cv.Name, "cache", want.Cache, "rotational", want.Rotational, "read_only", want.ReadOnly)
+	return nil
 }
 
 func (d *Daemon) engineFor(name string) config.Engine {

@@ -407,12 +407,18 @@ func TestDataSurvivesRestart(t *testing.T) {
 
 	r2 := start(t, dir, func(c *config.Config) {
 		c.NoDefaultVolume = true
-		c.Volumes = []config.Volume{{Name: "disk", Size: 128 << 20}} // config grows it
+		// The edited config grows the volume and turns the rotational hint on.
+		c.Volumes = []config.Volume{{Name: "disk", Size: 128 << 20, Rotational: true}}
 	})
 	uri = r2.url("disk")
 	run(t, "qemu-io", "-f", "raw", "-c", "read -P 0xa5 0 1M", "-c", "read -P 0x3c 8M 64k", "-c", "read -P 0 4M 1M", uri)
 	if n := nbdSize(t, uri); n != 128<<20 {
 		t.Fatalf("config did not grow volume: %d", n)
+	}
+	if c, err := Dial(dir); err != nil {
+		t.Fatal(err)
+	} else if vi, err := c.Info("disk"); err != nil || !vi.Rotational || vi.Cache != "writeback" {
+		t.Fatalf("config settings not applied: %+v %v", vi, err)
 	}
 }
 

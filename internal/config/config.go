@@ -131,9 +131,10 @@ func (e Engine) Merge(parent Engine) Engine {
 	return e
 }
 
-// Volume declares a volume the daemon ensures exists at start. Settings of a
-// volume that already exists are taken from its metadata; Size, if larger,
-// grows it.
+// Volume declares a volume the daemon ensures exists at start. For a volume
+// that already exists, a larger Size grows it (a smaller one is only
+// warned about), and Rotational, ReadOnly, and Cache/Description when set,
+// replace the values in its metadata. Block size is fixed at creation.
 type Volume struct {
 	Name        string `yaml:"name"`
 	Size        Size   `yaml:"size"`

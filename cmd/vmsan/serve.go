@@ -90,6 +90,9 @@ accepting, drain in-flight requests, flush every volume and exit 0.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			// After the first signal starts the graceful drain, restore the
+			// default action so a second Ctrl-C kills a drain that hangs.
+			go func() { <-ctx.Done(); stop() }()
 			return d.Run(ctx)
 		},
 	}

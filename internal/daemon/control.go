@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -33,6 +34,9 @@ func (d *Daemon) startControl() error {
 	mux.HandleFunc("POST /v1/volumes/{name}/resize", d.hResize)
 	mux.HandleFunc("POST /v1/volumes/{name}/settings", d.hSettings)
 	mux.HandleFunc("DELETE /v1/volumes/{name}", d.hDelete)
+	// Metrics are also on the control socket, so they are available without
+	// opening a TCP port: curl --unix-socket DATA_DIR/control.sock http://x/metrics
+	mux.Handle("GET /metrics", metrics.Handler(metricsSource{d}))
 	if d.cfg.Pprof {
 		registerPprof(mux)
 	}

@@ -172,6 +172,20 @@ func TestServeDefault(t *testing.T) {
 		}
 	}
 	c, _ := Dial(dir)
+	// Metrics are served on the control socket too (text format, so not
+	// through Client.Do, which decodes JSON).
+	var metricsText string
+	req, _ := http.NewRequest("GET", "http://vmsan/metrics", nil)
+	if resp, err := c.hc.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		metricsText = string(b)
+	}
+	if !strings.Contains(metricsText, `vmsan_volume_size_bytes{volume="default"} 1.073741824e+10`) {
+		t.Errorf("metrics over the control socket:\n%.2000s", metricsText)
+	}
 	vi, err := c.Info("default")
 	if err != nil {
 		t.Fatal(err)

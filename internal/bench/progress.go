@@ -24,7 +24,8 @@ func NewProgress(w *os.File, quiet bool) (Progress, func()) {
 	if quiet {
 		return nopProgress{}, func() {}
 	}
-	if IsTerminal(w) {
+	// A terminal of unknown width (0 columns) would render nothing.
+	if ws, err := unix.IoctlGetWinsize(int(w.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 && IsTerminal(w) {
 		p := mpb.New(mpb.WithOutput(w), mpb.WithWidth(40))
 		return &barProgress{p: p}, p.Wait
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,7 +194,11 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 	if spec.Runtime > 0 {
 		total = spec.Runtime.Milliseconds()
 	}
-	ph := prog.Start(spec.Name+" "+string(spec.RW), total)
+	phName := spec.Name
+	if !strings.Contains(phName, string(spec.RW)) {
+		phName += " " + string(spec.RW)
+	}
+	ph := prog.Start(phName, total)
 	ru0 := rusage()
 	start := time.Now()
 	deadline := start.Add(spec.Runtime)

@@ -147,6 +147,7 @@ var codeErrs = map[string]error{
 	"shrink":       volume.ErrShrink,
 	"bad_size":     volume.ErrBadSize,
 	"invalid_name": volume.ErrInvalidName,
+	"read_only":    volume.ErrReadOnly,
 }
 
 // apiError turns an internal error into a status code and APIError.

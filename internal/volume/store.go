@@ -81,6 +81,7 @@ var (
 	ErrShrink   = errors.New("shrinking a volume destroys data at its end; use force to override")
 	ErrLocked   = errors.New("data directory is in use by another vmsan process")
 	ErrBadSize  = errors.New("invalid volume size")
+	ErrReadOnly = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
 )
 
 // Meta is a volume's persistent metadata.
@@ -446,6 +447,11 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	}
 	if size == m.Size {
 		return m, nil
+	}
+	if m.ReadOnly {
+		// The daemon opens read-only volumes read-only, so it could not
+		// resize the open file; refuse the same way with or without it.
+		return Meta{}, fmt.Errorf("volume %s: %w", name, ErrReadOnly)
 	}
 	if size < m.Size && !force {
 		return Meta{}, fmt.Errorf("volume %s: %w (%d -> %d bytes)", name, ErrShrink, m.Size, size)

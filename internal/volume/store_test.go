@@ -89,6 +89,9 @@ func exerciseStore(t *testing.T, dir string) {
 	if _, err := s.Create(CreateOptions{Name: "vm2", Size: 1 << 20, Cache: "none", ReadOnly: true, Rotational: true}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := s.Resize("vm2", 2<<20, false); !errors.Is(err, ErrReadOnly) {
+		t.Fatalf("resize of read-only volume: %v", err)
+	}
 	list, err := s.List()
 	if err != nil || len(list) != 2 || list[0].Name != "vm1" || list[1].Name != "vm2" || !list[1].ReadOnly || !list[1].Rotational || list[1].Cache != "none" {
 		t.Fatalf("list = %+v, %v", list, err)

@@ -37,7 +37,7 @@ func (d *engDev) Release() {}
 
 type node struct {
 	wrapBE func(backend.Backend) backend.Backend
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	path   string
 	dev    *engDev
@@ -46,7 +46,7 @@ type node struct {
 	front  export.Device
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func newNode(t *testing.T, dir string, size int64, set Settings, wrap func(backend.Backend) backend.Backend) *node {
+func newNode(t testing.TB, dir string, size int64, set Settings, wrap func(backend.Backend) backend.Backend) *node {
 	t.Helper()
 	n := &node{t: t, dir: dir, path: filepath.Join(dir, "vol.raw"), set: set, wrapBE: wrap}
 	if _, err := os.Stat(n.path); err != nil {
@@ -113,7 +113,7 @@ func (n *node) sum() [32]byte {
 	return sha256.Sum256(b)
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, f func() bool) {
+func waitFor(t testing.TB, what string, d time.Duration, f func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !f() {
@@ -130,7 +130,7 @@ func pair(t *testing.T, size int64, proto string) (a, b *node) {
 
 // pairWith starts primary a and secondary b; a dials b through via(bAddr)
 // when via is set (a fault proxy), else directly.
-func pairWith(t *testing.T, size int64, common Settings, via func(target string) string, wrapB func(backend.Backend) backend.Backend) (a, b *node) {
+func pairWith(t testing.TB, size int64, common Settings, via func(target string) string, wrapB func(backend.Backend) backend.Backend) (a, b *node) {
 	aAddr, bAddr := freeAddr(t), freeAddr(t)
 	base := t.TempDir()
 	os.MkdirAll(filepath.Join(base, "a"), 0o755)
@@ -328,4 +328,10 @@ func TestHeartbeatsUnderLoad(t *testing.T) {
 	if off < 1<<20 {
 		t.Fatalf("only %d bytes written: the load did not run", off)
 	}
+}
+
+func pairB(b *testing.B, size int64) (*node, *node) {
+	a, s := pairWith(b, size, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
+	waitFor(b, "connect", 20*time.Second, connected(a))
+	return a, s
 }

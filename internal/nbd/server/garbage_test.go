@@ -93,3 +93,40 @@ func TestGarbageNeverPanics(t *testing.T) {
 	}
 	t.Logf("%d requests, %d error replies, %d protocol errors", served, srv.Stats().ErrorReplies, srv.Stats().ProtocolErrors)
 }
+
+// FuzzServerConn feeds arbitrary client bytes to a connection. The server
+// must neither panic nor hang once the client has closed its side.
+func FuzzServerConn(f *testing.F) {
+	hs := proto.AppendClientFlags(nil, proto.FlagCFixedNewstyle|proto.FlagCNoZeroes)
+	hs = proto.AppendOption(hs, proto.OptStructuredReply, nil)
+	hs = proto.AppendOption(hs, proto.OptSetMetaContext, proto.AppendMetaContextRequest(nil, "disk", []string{"base:allocation"}))
+	f.Add(hs)
+	f.Add(proto.AppendOption(proto.AppendClientFlags(nil, 1), proto.OptList, nil))
+	goo := proto.AppendOption(append([]byte(nil), hs...), proto.OptGo, proto.AppendInfoRequest(nil, "disk", nil))
+	f.Add(proto.AppendRequest(append([]byte(nil), goo...), proto.Request{Type: proto.CmdRead, Length: 4096}))
+	f.Add(proto.AppendRequest(append([]byte(nil), goo...), proto.Request{Type: proto.CmdBlockStatus, Length: 1 << 20, Flags: proto.CmdFlagReqOne}))
+	w := proto.AppendRequest(append([]byte(nil), goo...), proto.Request{Type: proto.CmdWrite, Offset: 512, Length: 512})
+	f.Add(append(w, make([]byte, 512)...))
+	reg, _, _ := newTestReg()
+	srv := New(Config{Registry: reg, MaxPayload: 64 << 10, HandshakeTimeout: 5 * time.Second})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		cc, sc := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			srv.ServeConn(context.Background(), sc)
+			close(done)
+		}()
+		go io.Copy(io.Discard, cc)
+		cc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		cc.Write(in)
+		cc.Close()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("ServeConn did not return after client close")
+		}
+		if p := srv.Stats().Panics; p != 0 {
+			t.Fatalf("%d panics", p)
+		}
+	})
+}

@@ -191,15 +191,15 @@ func (s *Server) Serve(l net.Listener) error {
 			if closing {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Transient (e.g. EMFILE surfaces as temporary): back off
-				// rather than spin.
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			// Anything else (EMFILE, ECONNABORTED, ...) is treated as
+			// transient: back off rather than spin, and keep serving.
+			s.log.Warn("nbd: accept failed, retrying", "err", err)
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			time.Sleep(delay)
+			continue
 		}
 		delay = 0
 		s.connWG.Add(1)

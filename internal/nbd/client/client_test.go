@@ -388,3 +388,52 @@ func TestMisbehavingServer(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseWithStuckRequest: Close returns even when the server never
+// answers, and the stuck request fails instead of hanging.
+func TestCloseWithStuckRequest(t *testing.T) {
+	old := closeTimeout
+	closeTimeout = 200 * time.Millisecond
+	defer func() { closeTimeout = old }()
+	c := dial(t, fakeServer(t, func(net.Conn, proto.Request) { time.Sleep(5 * time.Second) }), nil)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.ReadAt(make([]byte, 512), 0)
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { c.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung on a request the server never answered")
+	}
+	if err := <-errc; !errors.Is(err, ErrClosed) {
+		t.Fatalf("stuck request: want ErrClosed, got %v", err)
+	}
+}
+
+// TestNoAllocsPerRequest: a synchronous 4 KiB read or write allocates
+// nothing in the client once warmed up (pooled calls, reused header
+// buffer, replies read straight into the caller's buffer).
+func TestNoAllocsPerRequest(t *testing.T) {
+	uri := nbdkit(t, "memory", "16M")
+	c := dial(t, uri, &Options{Connections: 1})
+	buf := make([]byte, 4096)
+	for i := 0; i < 100; i++ { // warm pools and the pending map
+		c.WriteAt(buf, 0)
+		c.ReadAt(buf, 0)
+	}
+	a := testing.AllocsPerRun(500, func() {
+		if _, err := c.WriteAt(buf, 8192); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ReadAt(buf, 8192); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if a > 0.5 {
+		t.Fatalf("%.2f allocations per write+read; want 0", a)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 )
@@ -71,6 +72,9 @@ type conn struct {
 	pending map[uint64]*Request
 	next    uint64
 	err     error // set once the connection has failed or closed
+
+	scratch []byte  // reader goroutine only: small chunk payloads
+	ob      [8]byte // reader goroutine only: OFFSET_DATA offset
 
 	inflight atomic.Int32
 	done     chan struct{} // closed when the reader exits
@@ -191,7 +195,6 @@ func (c *conn) readLoop() {
 	defer close(c.done)
 	br := bufio.NewReaderSize(c.nc, 256<<10)
 	var hdr [proto.ChunkHeaderSize]byte
-	var scratch []byte
 	for {
 		if _, err := io.ReadFull(br, hdr[:4]); err != nil {
 			c.fail(readErr(err))
@@ -203,7 +206,7 @@ func (c *conn) readLoop() {
 		case proto.SimpleReplyMagic:
 			err = c.simpleReply(br, hdr[:proto.SimpleReplySize])
 		case proto.StructuredReplyMagic:
-			scratch, err = c.chunk(br, hdr[:proto.ChunkHeaderSize], scratch)
+			err = c.chunk(br, hdr[:proto.ChunkHeaderSize])
 		default:
 			err = fmt.Errorf("%w: reply magic %#x", ErrProtocol, magic)
 		}
@@ -255,78 +258,64 @@ func (c *conn) simpleReply(br *bufio.Reader, h []byte) error {
 
 // chunk handles one structured reply chunk. scratch is a reusable buffer
 // for small payloads (block status, errors).
-func (c *conn) chunk(br *bufio.Reader, h []byte, scratch []byte) ([]byte, error) {
+func (c *conn) chunk(br *bufio.Reader, h []byte) error {
 	if _, err := io.ReadFull(br, h[4:]); err != nil {
-		return scratch, readErr(err)
+		return readErr(err)
 	}
 	ch, err := proto.ParseChunkHeader(h)
 	if err != nil {
-		return scratch, err
+		return err
 	}
 	r := c.lookup(ch.Cookie)
 	if r == nil {
-		return scratch, fmt.Errorf("%w: chunk %v for unknown cookie %d", ErrProtocol, ch.Type, ch.Cookie)
-	}
-	// readPayload reads a small payload bounded by max into scratch.
-	readPayload := func(max uint32) ([]byte, error) {
-		if ch.Length > max {
-			return nil, fmt.Errorf("%w: %v chunk of %d bytes (max %d)", ErrProtocol, ch.Type, ch.Length, max)
-		}
-		if cap(scratch) < int(ch.Length) {
-			scratch = make([]byte, ch.Length)
-		}
-		p := scratch[:ch.Length]
-		if _, err := io.ReadFull(br, p); err != nil {
-			return nil, readErr(err)
-		}
-		return p, nil
+		return fmt.Errorf("%w: chunk %v for unknown cookie %d", ErrProtocol, ch.Type, ch.Cookie)
 	}
 	switch ch.Type {
 	case proto.ReplyTypeNone:
 		if ch.Length != 0 {
-			return scratch, fmt.Errorf("%w: NONE chunk with payload", ErrProtocol)
+			return fmt.Errorf("%w: NONE chunk with payload", ErrProtocol)
 		}
 	case proto.ReplyTypeOffsetData:
 		if r.Cmd != proto.CmdRead || ch.Length < 9 {
-			return scratch, fmt.Errorf("%w: OFFSET_DATA for %v, length %d", ErrProtocol, r.Cmd, ch.Length)
+			return fmt.Errorf("%w: OFFSET_DATA for %v, length %d", ErrProtocol, r.Cmd, ch.Length)
 		}
-		var ob [8]byte
-		if _, err := io.ReadFull(br, ob[:]); err != nil {
-			return scratch, readErr(err)
+		ob := c.ob[:] // a conn field: a local array would escape to the heap
+		if _, err := io.ReadFull(br, ob); err != nil {
+			return readErr(err)
 		}
-		off := be64(ob[:])
+		off := be64(ob)
 		n := uint64(ch.Length - 8)
 		start := off - uint64(r.Offset)
 		if off < uint64(r.Offset) || start+n > uint64(r.Length) {
-			return scratch, fmt.Errorf("%w: OFFSET_DATA [%d,+%d) outside request [%d,+%d)", ErrProtocol, off, n, r.Offset, r.Length)
+			return fmt.Errorf("%w: OFFSET_DATA [%d,+%d) outside request [%d,+%d)", ErrProtocol, off, n, r.Offset, r.Length)
 		}
 		if _, err := io.ReadFull(br, r.Data[start:start+n]); err != nil {
-			return scratch, readErr(err)
+			return readErr(err)
 		}
 		r.covered += n
 	case proto.ReplyTypeOffsetHole:
-		p, err := readPayload(12)
+		p, err := c.readPayload(br, ch, 12)
 		if err != nil {
-			return scratch, err
+			return err
 		}
 		off, size, err := proto.ParseOffsetHole(p)
 		if err != nil || r.Cmd != proto.CmdRead {
-			return scratch, fmt.Errorf("%w: bad OFFSET_HOLE", ErrProtocol)
+			return fmt.Errorf("%w: bad OFFSET_HOLE", ErrProtocol)
 		}
 		start := off - uint64(r.Offset)
 		if off < uint64(r.Offset) || start+uint64(size) > uint64(r.Length) {
-			return scratch, fmt.Errorf("%w: OFFSET_HOLE outside request", ErrProtocol)
+			return fmt.Errorf("%w: OFFSET_HOLE outside request", ErrProtocol)
 		}
 		clear(r.Data[start : start+uint64(size)])
 		r.covered += uint64(size)
 	case proto.ReplyTypeBlockStatus:
-		p, err := readPayload(maxStatusPayload)
+		p, err := c.readPayload(br, ch, maxStatusPayload)
 		if err != nil {
-			return scratch, err
+			return err
 		}
 		id, ds, err := proto.ParseBlockStatus(p, nil)
 		if err != nil || r.Cmd != proto.CmdBlockStatus {
-			return scratch, fmt.Errorf("%w: bad BLOCK_STATUS chunk", ErrProtocol)
+			return fmt.Errorf("%w: bad BLOCK_STATUS chunk", ErrProtocol)
 		}
 		if c.ex.HasAlloc && id == c.ex.AllocContext {
 			off := r.Offset
@@ -337,21 +326,21 @@ func (c *conn) chunk(br *bufio.Reader, h []byte, scratch []byte) ([]byte, error)
 		}
 	default:
 		if ch.Type.IsError() {
-			p, err := readPayload(6 + proto.MaxNameLength + 8)
+			p, err := c.readPayload(br, ch, 6+proto.MaxNameLength+8)
 			if err != nil {
-				return scratch, err
+				return err
 			}
 			ce, err := proto.ParseErrorChunk(ch.Type, p)
 			if err != nil {
-				return scratch, fmt.Errorf("%w: %v", ErrProtocol, err)
+				return fmt.Errorf("%w: %v", ErrProtocol, err)
 			}
 			if r.Err == nil {
 				r.Err = &ServerError{Errno: ce.Errno, Message: ce.Message}
 			}
 		} else {
 			// Unknown non-error chunk types must be ignored (bounded).
-			if _, err := readPayload(1 << 20); err != nil {
-				return scratch, err
+			if _, err := c.readPayload(br, ch, 1<<20); err != nil {
+				return err
 			}
 		}
 	}
@@ -362,7 +351,23 @@ func (c *conn) chunk(br *bufio.Reader, h []byte, scratch []byte) ([]byte, error)
 		}
 		c.complete(r)
 	}
-	return scratch, nil
+	return nil
+}
+
+// readPayload reads a chunk payload of at most max bytes into the reader's
+// scratch buffer. Only the reader goroutine calls it.
+func (c *conn) readPayload(br *bufio.Reader, ch proto.ChunkHeader, max uint32) ([]byte, error) {
+	if ch.Length > max {
+		return nil, fmt.Errorf("%w: %v chunk of %d bytes (max %d)", ErrProtocol, ch.Type, ch.Length, max)
+	}
+	if cap(c.scratch) < int(ch.Length) {
+		c.scratch = make([]byte, ch.Length)
+	}
+	p := c.scratch[:ch.Length]
+	if _, err := io.ReadFull(br, p); err != nil {
+		return nil, readErr(err)
+	}
+	return p, nil
 }
 
 func be64(b []byte) uint64 {
@@ -387,15 +392,25 @@ func (e *ServerError) Error() string {
 // Unwrap lets errors.Is match the errno.
 func (e *ServerError) Unwrap() error { return e.Errno }
 
+// closeTimeout bounds how long Close waits for replies in flight.
+var closeTimeout = 30 * time.Second
+
 // close sends NBD_CMD_DISC once in-flight requests are answered, then
 // closes the socket.
 func (c *conn) close() error {
-	// Take every slot: no request is in flight after this.
+	// Take every slot: no request is in flight after this. A server that
+	// never answers gets closeTimeout, then its requests fail with
+	// ErrClosed when the socket closes.
+	tm := time.NewTimer(closeTimeout)
+	defer tm.Stop()
+wait:
 	for i := 0; i < cap(c.sem); i++ {
 		select {
 		case c.sem <- struct{}{}:
 		case <-c.done:
-			i = cap(c.sem)
+			break wait
+		case <-tm.C:
+			break wait
 		}
 	}
 	c.mu.Lock()

@@ -312,3 +312,40 @@ func TestRunnerCountsAndLatency(t *testing.T) {
 		}
 	}
 }
+
+// TestExecute drives the CLI logic end to end on a scratch file: JSON on
+// stdout, the result file, the plot, and a too-large scratch file refused.
+func TestExecute(t *testing.T) {
+	dir := diskDir(t)
+	outPath := filepath.Join(dir, "stdout.json")
+	stdout, err := os.Create(outPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := filepath.Join(dir, "r.json")
+	plot := filepath.Join(dir, "r.svg")
+	cfg := RunConfig{Target: dir, Size: 8 << 20, JSON: true, Out: res, Plot: plot,
+		Options: Options{Profile: ProfileGnome, Samples: 4, SampleSize: 1 << 20, AccessReads: 20, WriteTest: true}}
+	if err := Execute(context.Background(), cfg, stdout, devNull(t)); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Close()
+	b, _ := os.ReadFile(outPath)
+	var r Result
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("stdout is not a JSON result: %v\n%s", err, b)
+	}
+	if r.Gnome == nil || len(r.Gnome.Samples) != 4 || r.Totals.BytesWritten == 0 || r.Env.Kernel == "" {
+		t.Fatalf("result: %+v", r)
+	}
+	if _, err := LoadResult(res); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(plot); err != nil || st.Size() == 0 {
+		t.Fatalf("plot not written: %v", err)
+	}
+	cfg = RunConfig{Target: dir, Size: 1 << 60, Out: "none", Options: Options{Profile: ProfileJob}}
+	if err := Execute(context.Background(), cfg, devNull(t), devNull(t)); err == nil || !strings.Contains(err.Error(), "free") {
+		t.Fatalf("a scratch file larger than the free space: want a clear error, got %v", err)
+	}
+}

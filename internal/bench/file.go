@@ -50,6 +50,16 @@ func openFile(path string, o TargetOptions) (Target, error) {
 		}
 	}
 
+	if created {
+		// The benchmark will write the whole file: refuse up front rather
+		// than fill the filesystem (bonnie's default is 2x RAM).
+		var sf unix.Statfs_t
+		if err := unix.Statfs(filepath.Dir(path), &sf); err == nil {
+			if free := int64(sf.Bavail) * int64(sf.Bsize); free < o.Size {
+				return nil, fmt.Errorf("bench: %s has %s free, the scratch file needs %s; give a smaller --size", filepath.Dir(path), humanBytes(free), humanBytes(o.Size))
+			}
+		}
+	}
 	flags := os.O_RDWR
 	if o.ReadOnly {
 		flags = os.O_RDONLY

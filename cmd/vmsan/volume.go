@@ -82,15 +82,20 @@ func init() {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withOps(func(ops daemon.VolumeOps) error {
+				// A partial list comes with an error naming unreadable
+				// volumes: print what is readable, then fail with it.
 				l, err := ops.List()
-				if err != nil {
+				if l == nil {
 					return err
 				}
 				if asJSON {
-					return daemon.PrintJSON(os.Stdout, l)
+					if jerr := daemon.PrintJSON(os.Stdout, l); jerr != nil {
+						return jerr
+					}
+				} else {
+					daemon.PrintVolumeTable(os.Stdout, l)
 				}
-				daemon.PrintVolumeTable(os.Stdout, l)
-				return nil
+				return err
 			})
 		},
 	}

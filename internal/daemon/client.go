@@ -197,7 +197,7 @@ func (o directOps) Create(c volume.CreateOptions) (VolumeInfo, error) {
 }
 
 func (o directOps) List() ([]VolumeInfo, error) {
-	ms, err := o.s.List()
+	ms, err := o.s.List() // partial list plus error: show what is readable
 	out := make([]VolumeInfo, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, o.vi(m))

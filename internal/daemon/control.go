@@ -96,9 +96,12 @@ func (d *Daemon) info(m volume.Meta) VolumeInfo {
 
 func (d *Daemon) hList(w http.ResponseWriter, r *http.Request) {
 	list, err := d.store.List()
-	if err != nil {
+	if list == nil {
 		writeErr(w, err)
 		return
+	}
+	if err != nil {
+		d.log.Warn("some volumes are unreadable", "err", err)
 	}
 	out := make([]VolumeInfo, 0, len(list))
 	for _, m := range list {

@@ -261,8 +261,12 @@ func (d *Daemon) ensureVolumes() error {
 		return nil
 	}
 	list, err := d.store.List()
-	if err != nil || len(list) > 0 {
+	if list == nil {
 		return err
+	}
+	if err != nil || len(list) > 0 {
+		// Volumes exist (even if some are unreadable): not an empty directory.
+		return nil
 	}
 	_, err = d.store.Create(volume.CreateOptions{Name: config.DefaultVolumeName, Size: config.DefaultVolumeSize, Description: "vmsan default volume"})
 	if err == nil {
@@ -311,8 +315,11 @@ func (d *Daemon) engineFor(name string) config.Engine {
 // unexported rather than taking the whole node down.
 func (d *Daemon) openAll() error {
 	list, err := d.store.List()
-	if err != nil {
+	if list == nil {
 		return err
+	}
+	if err != nil {
+		d.log.Error("some volumes have unreadable metadata; not exporting them", "err", err)
 	}
 	m := map[string]*vol{}
 	for _, meta := range list {

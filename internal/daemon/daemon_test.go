@@ -543,3 +543,31 @@ func TestUpdateSettings(t *testing.T) {
 	}
 	run(t, "qemu-io", "-f", "raw", "-r", "-c", "read -P 0x42 1M 128k", r.url("v"))
 }
+
+// TestCorruptVolumeDoesNotStopDaemon: one volume with unreadable metadata is
+// reported and skipped; the others are served, and no default volume is
+// created over the top of it.
+func TestCorruptVolumeDoesNotStopDaemon(t *testing.T) {
+	needTool(t, "nbdinfo")
+	dir := t.TempDir()
+	s, err := volume.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(volume.CreateOptions{Name: "good", Size: 4 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	os.WriteFile(filepath.Join(dir, "volumes", "bad.json"), []byte(`{"name": "bad", "size": `), 0o644)
+	r := start(t, dir, nil)
+	if n := nbdSize(t, r.url("good")); n != 4<<20 {
+		t.Fatalf("good volume size %d", n)
+	}
+	vols := *r.d.vols.Load()
+	if _, ok := vols["default"]; ok {
+		t.Fatal("default volume created although the directory has volumes")
+	}
+	if _, ok := vols["bad"]; ok {
+		t.Fatal("corrupt volume exported")
+	}
+}

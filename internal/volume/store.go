@@ -182,9 +182,10 @@ func Open(dir string) (*Store, error) {
 // doc) and recreates a missing raw file as a hole.
 func (s *Store) reconcile() error {
 	ms, err := s.list()
-	if err != nil {
+	if err != nil && ms == nil {
 		return err
 	}
+	// Volumes with unreadable metadata are skipped here; List reports them.
 	for _, m := range ms {
 		p := s.RawPath(m.Name)
 		st, err := os.Stat(p)
@@ -402,7 +403,8 @@ func (s *Store) list() ([]Meta, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Meta
+	out := []Meta{}
+	var errs []error
 	for _, e := range ents {
 		n := e.Name()
 		if atomicfile.IsTemp(n) || !strings.HasSuffix(n, metaExt) || e.IsDir() {
@@ -414,15 +416,19 @@ func (s *Store) list() ([]Meta, error) {
 		}
 		m, err := s.get(name)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
-// List returns all volumes in name order.
+// List returns all volumes in name order. If some volumes' metadata cannot
+// be read, it returns the readable ones together with an error naming the
+// others (one bad file must not hide, or stop serving, every other volume);
+// the slice is nil only when the directory itself cannot be read.
 func (s *Store) List() ([]Meta, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

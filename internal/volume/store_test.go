@@ -229,4 +229,14 @@ func TestCrashDebris(t *testing.T) {
 	if _, err := s.Get("bad"); err == nil || !strings.Contains(err.Error(), "corrupt metadata") {
 		t.Fatalf("corrupt metadata: %v", err)
 	}
+	// ...and does not hide the other volumes, or stop the store opening.
+	list, err = s.List()
+	if err == nil || len(list) != 2 || list[0].Name != "a" || list[1].Name != "orphan" {
+		t.Fatalf("list with a corrupt entry: %+v, %v", list, err)
+	}
+	s.Close()
+	s = openStore(t, dir)
+	if list, _ := s.List(); len(list) != 2 {
+		t.Fatalf("reopen with a corrupt entry: %+v", list)
+	}
 }

@@ -1,24 +1,3 @@
-// Package server is vmsan's NBD server: the fixed-newstyle handshake (with
-// TLS) and the transmission phase over any net.Conn, serving the devices of
-// an export.Registry.
-//
-// Simplest use:
-//
-//	srv := server.New(server.Config{Registry: reg})
-//	l, _ := net.Listen("tcp", "127.0.0.1:10809")
-//	go srv.Serve(l)
-//	...
-//	srv.Shutdown(ctx) // stop accepting, finish in-flight requests, close
-//
-// Each connection runs a reader goroutine (parses requests, submits them to
-// the Device without waiting) and a writer goroutine (sends replies in
-// completion order, so replies are out of order with respect to requests).
-// In-flight requests and payload bytes per connection are bounded; when a
-// bound is reached the reader stops reading, which pushes back on the client
-// through TCP instead of growing memory.
-//
-// Concurrency: all Server methods are safe for concurrent use. Serve may be
-// called on several listeners at once (TCP and Unix sockets alike).
 package server
 
 import (

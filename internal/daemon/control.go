@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -19,12 +20,23 @@ import (
 const maxBodyBytes = 64 << 10
 
 func (d *Daemon) startControl() error {
-	ln, err := listenUnix(d.ControlPath())
+	// Only the owner (root, normally) may create or delete volumes. Bind
+	// under a temporary name, restrict it, then rename it into place, so the
+	// socket never appears under its real name with the umask's permissions.
+	// (Holding the data-dir lock means no other daemon uses either name.)
+	tmp := filepath.Join(d.cfg.DataDir, ".control.sock.tmp")
+	ln, err := listenUnix(tmp)
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
-	// Only the owner (root, normally) may create or delete volumes.
-	os.Chmod(d.ControlPath(), 0o600)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Rename(tmp, d.ControlPath()); err != nil {
+		ln.Close()
+		return fmt.Errorf("control socket: %w", err)
+	}
 	d.ctlLn = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", d.hStatus)

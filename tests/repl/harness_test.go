@@ -323,3 +323,39 @@ func mustIO(t *testing.T, uri string, cmds ...string) {
 		t.Fatal(err)
 	}
 }
+
+// qemuIOWatch runs qemu-io like qemuIO and calls onAck(n) after the n-th
+// acknowledged write, as it happens (so a test can kill a node exactly
+// mid-workload, whatever the machine's speed).
+func qemuIOWatch(t *testing.T, uri string, onAck func(n int), cmds ...string) (acked []string, err error) {
+	t.Helper()
+	args := []string{"-f", "raw"}
+	for _, c := range cmds {
+		args = append(args, "-c", c)
+	}
+	args = append(args, uri)
+	cmd := exec.Command("qemu-io", args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	sc := bufio.NewScanner(out)
+	var all []string
+	for sc.Scan() {
+		l := sc.Text()
+		all = append(all, l)
+		if strings.HasPrefix(l, "wrote ") {
+			acked = append(acked, l)
+			onAck(len(acked))
+		}
+	}
+	err = cmd.Wait()
+	if err == nil && strings.Contains(strings.Join(all, "\n"), "failed") {
+		err = fmt.Errorf("qemu-io: %s", tail(strings.Join(all, "\n"), 5))
+	}
+	return acked, err
+}

@@ -2,6 +2,7 @@ package repl_test
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -90,16 +91,16 @@ func TestKillSecondaryQuickResync(t *testing.T) {
 	// the extents hot at the kill should be replayed.
 	time.Sleep(1500 * time.Millisecond)
 	// Keep writing while the secondary dies.
-	var wg sync.WaitGroup
-	wg.Add(1)
-	var ioErr error
-	go func() {
-		defer wg.Done()
-		_, ioErr = qemuIO(t, p.a.uri(), writes(0x22, 8<<20, 64<<10, 64<<10, 256)...)
-	}()
-	time.Sleep(400 * time.Millisecond)
-	p.b.kill9()
-	wg.Wait()
+	killed := make(chan struct{})
+	acked, ioErr := qemuIOWatch(t, p.a.uri(), func(n int) {
+		if n == 64 {
+			go func() { p.b.kill9(); close(killed) }()
+		}
+	}, writes(0x22, 8<<20, 64<<10, 64<<10, 256)...)
+	<-killed
+	if len(acked) != 256 {
+		t.Fatalf("%d of 256 writes acknowledged: the primary must keep serving", len(acked))
+	}
 	if ioErr != nil {
 		t.Fatal(ioErr)
 	}
@@ -137,16 +138,12 @@ func TestKillSecondaryQuickResync(t *testing.T) {
 func TestKillPrimaryPromote(t *testing.T) {
 	p := newPair(t, pairOpts{protocol: "C"})
 	cmds := writes(0x31, 0, 64<<10, 64<<10, 400)
-	var acked []string
-	done := make(chan struct{})
-	go func() {
-		acked, _ = qemuIO(t, p.a.uri(), cmds...)
-		close(done)
-	}()
-	time.Sleep(300 * time.Millisecond)
-	p.a.kill9()
-	<-done
-	if len(acked) == 0 || len(acked) == len(cmds) {
+	acked, _ := qemuIOWatch(t, p.a.uri(), func(n int) {
+		if n == 100 {
+			p.a.kill9() // qemu-io keeps going and fails on the next write
+		}
+	}, cmds...)
+	if len(acked) < 100 || len(acked) == len(cmds) {
 		t.Fatalf("%d of %d writes acknowledged: the kill did not land mid-workload", len(acked), len(cmds))
 	}
 	waitUntil(t, "secondary notices", 10*time.Second, func() bool { return p.b.status().Conn == "Connecting" })
@@ -245,5 +242,40 @@ func TestSecondaryMergesFio(t *testing.T) {
 	}
 	if p.a.rawSum() != p.b.rawSum() {
 		t.Fatal("replicas differ")
+	}
+}
+
+// Online verify: a byte silently changed in the secondary's backing file is
+// found by `verify`, reported, and resynced from the primary.
+func TestOnlineVerify(t *testing.T) {
+	p := newPair(t, pairOpts{size: "16M"})
+	mustIO(t, p.a.uri(), "write -P 0x61 0 8M", "flush")
+	raw := filepath.Join(p.b.dir, "volumes", volName+".raw")
+	f, err := os.OpenFile(raw, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{0x99}, 5<<20+123); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if p.a.rawSum() == p.b.rawSum() {
+		t.Fatal("corruption did not take")
+	}
+	if err := p.a.admin("verify"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "verify done", 30*time.Second, func() bool {
+		st := p.a.status()
+		return st.VerifiedBytes >= 16<<20 && st.Conn == "Connected" && st.OutOfSync == 0
+	})
+	st := p.a.status()
+	t.Logf("verified %d B, mismatching %d B", st.VerifiedBytes, st.VerifyDiff)
+	if st.VerifyDiff == 0 || st.VerifyDiff > 256<<10 {
+		t.Fatalf("verify found %d mismatching bytes, want one 256 KiB block", st.VerifyDiff)
+	}
+	mustIO(t, p.a.uri(), "flush")
+	if p.a.rawSum() != p.b.rawSum() {
+		t.Fatal("replicas differ after verify + resync")
 	}
 }

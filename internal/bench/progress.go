@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/vbauerster/mpb/v8"
 	"github.com/vbauerster/mpb/v8/decor"
@@ -38,12 +39,28 @@ type lineProgress struct {
 }
 
 type linePhase struct {
-	p    *lineProgress
-	name string
+	p     *lineProgress
+	name  string
+	total int64
+	last  time.Time
 }
 
-func (l *lineProgress) Start(name string, total int64) Phase { return &linePhase{p: l, name: name} }
-func (p *linePhase) Set(int64)                               {}
+// linePeriod is how often a long phase reports progress as a plain line.
+const linePeriod = 10 * time.Second
+
+func (l *lineProgress) Start(name string, total int64) Phase {
+	return &linePhase{p: l, name: name, total: total, last: time.Now()}
+}
+
+func (p *linePhase) Set(done int64) {
+	if p.total <= 0 || time.Since(p.last) < linePeriod {
+		return
+	}
+	p.last = time.Now()
+	p.p.mu.Lock()
+	defer p.p.mu.Unlock()
+	fmt.Fprintf(p.p.w, "bench: %s: %d%%\n", p.name, min(done*100/p.total, 100))
+}
 func (p *linePhase) Done(summary string) {
 	p.p.mu.Lock()
 	defer p.p.mu.Unlock()

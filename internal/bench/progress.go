@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vbauerster/mpb/v8"
@@ -72,17 +73,19 @@ type barProgress struct{ p *mpb.Progress }
 type barPhase struct {
 	b     *mpb.Bar
 	total int64
-	sum   *string
+	sum   *atomic.Pointer[string] // read by mpb's render goroutine
 }
 
 func (b *barProgress) Start(name string, total int64) Phase {
 	if total <= 0 {
 		total = 1
 	}
-	sum := new(string)
+	sum := new(atomic.Pointer[string])
+	empty := ""
+	sum.Store(&empty)
 	bar := b.p.AddBar(total,
 		mpb.PrependDecorators(decor.Name(name, decor.WCSyncSpaceR)),
-		mpb.AppendDecorators(decor.OnComplete(decor.Percentage(decor.WC{W: 5}), ""), decor.Any(func(decor.Statistics) string { return *sum })),
+		mpb.AppendDecorators(decor.OnComplete(decor.Percentage(decor.WC{W: 5}), ""), decor.Any(func(decor.Statistics) string { return *sum.Load() })),
 	)
 	return &barPhase{b: bar, total: total, sum: sum}
 }
@@ -95,6 +98,6 @@ func (p *barPhase) Set(done int64) {
 }
 
 func (p *barPhase) Done(summary string) {
-	*p.sum = summary
+	p.sum.Store(&summary)
 	p.b.SetTotal(-1, true) // complete now, whatever the count reached
 }

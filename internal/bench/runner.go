@@ -340,7 +340,10 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 
 	// Progress and cancellation watcher.
 	finished := make(chan struct{})
+	var watcher sync.WaitGroup
+	watcher.Add(1)
 	go func() {
+		defer watcher.Done()
 		tk := time.NewTicker(100 * time.Millisecond)
 		defer tk.Stop()
 		for {
@@ -366,6 +369,7 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 	wg.Wait()
 	elapsed := time.Since(start)
 	close(finished)
+	watcher.Wait() // no Set may race with Done below
 	ru1 := rusage()
 
 	m := &Measurement{Spec: spec, Elapsed: elapsed}

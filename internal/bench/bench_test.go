@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestParseSize(t *testing.T) {
@@ -164,20 +166,39 @@ func devNull(t *testing.T) *os.File {
 	return f
 }
 
-// diskDir returns a temporary directory on a disk filesystem (not tmpfs),
-// where O_DIRECT works and buffered I/O is not pure RAM.
+// diskDir returns a temporary directory on a disk filesystem (not tmpfs)
+// that accepts O_DIRECT: the test temp dir, else one under /var/tmp, else
+// one in the package directory.
 func diskDir(t *testing.T) string {
 	t.Helper()
-	d := t.TempDir()
-	if fs := fsType(d); fs == "tmpfs" || fs == "ramfs" {
-		d2, err := os.MkdirTemp("/var/tmp", "vmsan-bench-test")
-		if err != nil {
-			t.Fatal(err)
+	ok := func(d string) bool {
+		if fs := fsType(d); fs == "tmpfs" || fs == "ramfs" || fs == "overlayfs" {
+			return false
 		}
-		t.Cleanup(func() { os.RemoveAll(d2) })
-		d = d2
+		p := filepath.Join(d, ".odirect-probe")
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR|unix.O_DIRECT, 0o600)
+		if err != nil {
+			return false
+		}
+		f.Close()
+		os.Remove(p)
+		return true
 	}
-	return d
+	if d := t.TempDir(); ok(d) {
+		return d
+	}
+	for _, parent := range []string{"/var/tmp", "."} {
+		d, err := os.MkdirTemp(parent, "vmsan-bench-test")
+		if err != nil {
+			continue
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		if ok(d) {
+			return d
+		}
+	}
+	t.Fatal("no disk filesystem with O_DIRECT found for the test (tried the temp dir, /var/tmp and the package dir)")
+	return ""
 }
 
 func quickOpts(profile string) Options {

@@ -44,7 +44,8 @@ func TestSoakDaemon(t *testing.T) {
 		// time-based job never reaches a final verify pass.
 		"--rw=randwrite", "--bsrange=4k-128k", "--iodepth=32", "--size=512m",
 		"--time_based", fmt.Sprintf("--runtime=%ds", int(dur.Seconds())),
-		"--verify=crc32c", "--verify_fatal=1", "--verify_backlog=256")
+		"--verify=crc32c", "--verify_fatal=1", "--verify_backlog=256", "--verify_state_save=0")
+	fio.Dir = t.TempDir() // fio drops state files in its working directory
 	var wg sync.WaitGroup
 	var cycles int
 	stop := make(chan struct{})

@@ -37,3 +37,27 @@ func benchWrite(b *testing.B, size int64, qd int) {
 		<-errs
 	}
 }
+
+// BenchmarkLocalWrite1M is the unreplicated baseline: the same writes
+// straight to one engine.
+func BenchmarkLocalWrite1M(b *testing.B) {
+	a, _ := pairB(b, 256<<20)
+	size, qd := int64(1<<20), 8
+	data := pattern(1, int(size))
+	errs := make(chan error, qd)
+	inflight := 0
+	b.SetBytes(size)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if inflight == qd {
+			<-errs
+			inflight--
+		}
+		off := (int64(i) * size) % (200 << 20)
+		a.dev.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: off, Length: size, Data: data, Done: func(r *ioengine.Request) { errs <- r.Err }})
+		inflight++
+	}
+	for ; inflight > 0; inflight-- {
+		<-errs
+	}
+}

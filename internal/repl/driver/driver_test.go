@@ -331,7 +331,11 @@ func TestHeartbeatsUnderLoad(t *testing.T) {
 }
 
 func pairB(b *testing.B, size int64) (*node, *node) {
-	a, s := pairWith(b, size, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
+	proto := os.Getenv("REPL_PROTO")
+	if proto == "" {
+		proto = "C"
+	}
+	a, s := pairWith(b, size, Settings{Protocol: proto, TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
 	waitFor(b, "connect", 20*time.Second, connected(a))
 	return a, s
 }

@@ -71,6 +71,10 @@ const (
 	MaxSize = 1 << 60
 
 	metaVersion = 1
+
+	// MaxDescriptionLen bounds the free-text description, which is sent to
+	// every NBD client that asks for NBD_INFO_DESCRIPTION.
+	MaxDescriptionLen = 1024
 )
 
 // Errors returned by Store methods (test with errors.Is).
@@ -296,6 +300,9 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 	if err != nil {
 		return Meta{}, err
 	}
+	if len(o.Description) > MaxDescriptionLen {
+		return Meta{}, fmt.Errorf("volume: description is %d bytes, at most %d allowed", len(o.Description), MaxDescriptionLen)
+	}
 	m := Meta{
 		Version:           metaVersion,
 		Name:              o.Name,
@@ -505,6 +512,9 @@ func (s *Store) Update(name string, fn func(*Meta) error) (Meta, error) {
 		m.Name, m.UUID, m.Size, m.LogicalBlockSize, m.PhysicalBlockSize, m.Created, m.Version
 	if n.Cache, err = backend.ParseCacheMode(string(n.Cache)); err != nil {
 		return Meta{}, err
+	}
+	if len(n.Description) > MaxDescriptionLen {
+		return Meta{}, fmt.Errorf("volume %s: description is %d bytes, at most %d allowed", name, len(n.Description), MaxDescriptionLen)
 	}
 	if err := s.writeMeta(n); err != nil {
 		return Meta{}, err

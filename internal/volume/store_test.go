@@ -86,6 +86,9 @@ func exerciseStore(t *testing.T, dir string) {
 	if _, err := s.Create(CreateOptions{Name: "c", Size: 4096, Cache: "bogus"}); err == nil {
 		t.Fatal("bogus cache mode accepted")
 	}
+	if _, err := s.Create(CreateOptions{Name: "c", Size: 4096, Description: strings.Repeat("x", MaxDescriptionLen+1)}); err == nil {
+		t.Fatal("oversized description accepted")
+	}
 	if _, err := s.Create(CreateOptions{Name: "vm2", Size: 1 << 20, Cache: "none", ReadOnly: true, Rotational: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,13 @@ func TestVmsanServer(t *testing.T) {
 		defer cancel()
 		srv.Shutdown(ctx)
 	})
+	// An unknown export is refused during NBD_OPT_GO with the server's reason.
+	if c, err := Dial(t.Context(), "nbd+unix:///nope?socket="+sock, nil); err == nil {
+		c.Close()
+		t.Fatal("Dial to an unknown export succeeded")
+	} else if !strings.Contains(err.Error(), "NBD_REP_ERR_UNKNOWN") {
+		t.Fatalf("unknown export: %v", err)
+	}
 	c := dial(t, "nbd+unix:///vol?socket="+sock, nil)
 	ex := c.Export()
 	if !ex.StructuredReplies || !ex.HasAlloc || c.Connections() != 4 || ex.Size != 16<<20 {

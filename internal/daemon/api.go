@@ -148,6 +148,7 @@ var codeErrs = map[string]error{
 	"bad_size":     volume.ErrBadSize,
 	"invalid_name": volume.ErrInvalidName,
 	"read_only":    volume.ErrReadOnly,
+	"invalid":      volume.ErrInvalid,
 }
 
 // apiError turns an internal error into a status code and APIError.
@@ -158,7 +159,7 @@ func apiError(err error) (int, *APIError) {
 			switch code {
 			case "not_found":
 				st = http.StatusNotFound
-			case "bad_size", "invalid_name":
+			case "bad_size", "invalid_name", "invalid":
 				st = http.StatusBadRequest
 			}
 			return st, &APIError{Code: code, Message: err.Error()}

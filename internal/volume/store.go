@@ -85,6 +85,7 @@ var (
 	ErrShrink   = errors.New("shrinking a volume destroys data at its end; use force to override")
 	ErrLocked   = errors.New("data directory is in use by another vmsan process")
 	ErrBadSize  = errors.New("invalid volume size")
+	ErrInvalid  = errors.New("invalid volume option")
 	ErrReadOnly = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
 )
 
@@ -291,17 +292,17 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 		}
 	}
 	if !validBlockSize(o.LogicalBlockSize) || !validBlockSize(o.PhysicalBlockSize) || o.PhysicalBlockSize < o.LogicalBlockSize {
-		return Meta{}, fmt.Errorf("volume: block sizes %d/%d: want powers of two in [512, 65536] with logical <= physical", o.LogicalBlockSize, o.PhysicalBlockSize)
+		return Meta{}, fmt.Errorf("%w: block sizes %d/%d: want powers of two in [512, 65536] with logical <= physical", ErrInvalid, o.LogicalBlockSize, o.PhysicalBlockSize)
 	}
 	if err := checkSize(o.Size, o.LogicalBlockSize); err != nil {
 		return Meta{}, err
 	}
 	cache, err := backend.ParseCacheMode(string(o.Cache))
 	if err != nil {
-		return Meta{}, err
+		return Meta{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if len(o.Description) > MaxDescriptionLen {
-		return Meta{}, fmt.Errorf("volume: description is %d bytes, at most %d allowed", len(o.Description), MaxDescriptionLen)
+		return Meta{}, fmt.Errorf("%w: description is %d bytes, at most %d allowed", ErrInvalid, len(o.Description), MaxDescriptionLen)
 	}
 	m := Meta{
 		Version:           metaVersion,
@@ -511,10 +512,10 @@ func (s *Store) Update(name string, fn func(*Meta) error) (Meta, error) {
 	n.Name, n.UUID, n.Size, n.LogicalBlockSize, n.PhysicalBlockSize, n.Created, n.Version =
 		m.Name, m.UUID, m.Size, m.LogicalBlockSize, m.PhysicalBlockSize, m.Created, m.Version
 	if n.Cache, err = backend.ParseCacheMode(string(n.Cache)); err != nil {
-		return Meta{}, err
+		return Meta{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if len(n.Description) > MaxDescriptionLen {
-		return Meta{}, fmt.Errorf("volume %s: description is %d bytes, at most %d allowed", name, len(n.Description), MaxDescriptionLen)
+		return Meta{}, fmt.Errorf("%w: volume %s: description is %d bytes, at most %d allowed", ErrInvalid, name, len(n.Description), MaxDescriptionLen)
 	}
 	if err := s.writeMeta(n); err != nil {
 		return Meta{}, err

@@ -83,11 +83,14 @@ func exerciseStore(t *testing.T, dir string) {
 	if _, err := s.Create(CreateOptions{Name: "../evil", Size: 4096}); !errors.Is(err, ErrInvalidName) {
 		t.Fatalf("bad name: %v", err)
 	}
-	if _, err := s.Create(CreateOptions{Name: "c", Size: 4096, Cache: "bogus"}); err == nil {
-		t.Fatal("bogus cache mode accepted")
+	if _, err := s.Create(CreateOptions{Name: "c", Size: 4096, Cache: "bogus"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bogus cache mode: %v", err)
 	}
-	if _, err := s.Create(CreateOptions{Name: "c", Size: 4096, Description: strings.Repeat("x", MaxDescriptionLen+1)}); err == nil {
-		t.Fatal("oversized description accepted")
+	if _, err := s.Create(CreateOptions{Name: "c", Size: 4096, Description: strings.Repeat("x", MaxDescriptionLen+1)}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("oversized description: %v", err)
+	}
+	if _, err := s.Create(CreateOptions{Name: "c", Size: 4096, LogicalBlockSize: 1000}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad block size: %v", err)
 	}
 	if _, err := s.Create(CreateOptions{Name: "vm2", Size: 1 << 20, Cache: "none", ReadOnly: true, Rotational: true}); err != nil {
 		t.Fatal(err)

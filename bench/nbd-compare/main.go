@@ -73,7 +73,12 @@ type Result struct {
 	IOPS      float64 `json:"iops"`
 	LatMeanUs float64 `json:"lat_mean_us"`
 	LatP99Us  float64 `json:"lat_p99_us"`
-	Error     string  `json:"error,omitempty"`
+	// ServerCPUus is the server's CPU time (user+system, its children
+	// included) per I/O during the fio run, in microseconds. Unlike MB/s or
+	// IOPS it hardly depends on what else runs on the machine, so it is the
+	// figure to trust when the load average is high.
+	ServerCPUus float64 `json:"server_cpu_us_per_op"`
+	Error       string  `json:"error,omitempty"`
 }
 
 // Report is the -json output.
@@ -297,13 +302,19 @@ func measure(ctx context.Context, k servers.Kind, j Job, o servers.Options, rt, 
 		fmt.Sprintf("--ramp_time=%dms", ramp.Milliseconds()),
 		"--randrepeat=0", "--norandommap", "--output-format=json",
 	}
+	cpu0 := treeCPU(s.PID())
 	fctx, fcancel := context.WithTimeout(ctx, rt+ramp+60*time.Second)
 	defer fcancel()
 	cmd := exec.CommandContext(fctx, "fio", args...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
-	if err := cmd.Run(); err != nil {
-		res.Error = fmt.Sprintf("fio: %v: %s", err, strings.TrimSpace(se.String()))
+	runErr := cmd.Run()
+	// Give a forking server (nbd-server) a moment to reap its per-client
+	// child so the child's CPU time shows up in the parent's cutime.
+	time.Sleep(100 * time.Millisecond)
+	cpu := treeCPU(s.PID()) - cpu0
+	if runErr != nil {
+		res.Error = fmt.Sprintf("fio: %v: %s", runErr, strings.TrimSpace(se.String()))
 		return res, cmdline
 	}
 	var out struct {
@@ -333,18 +344,83 @@ func measure(ctx context.Context, k servers.Kind, j Job, o servers.Options, rt, 
 	res.IOPS = st.IOPS
 	res.LatMeanUs = st.Lat.Mean / 1e3
 	res.LatP99Us = st.Clat.Percentile["99.000000"] / 1e3
+	// fio's ops include the ramp, which the counters above exclude; total
+	// ios cover the whole run, like the CPU time.
+	if ios := st.TotalIOs; ios > 0 && cpu > 0 {
+		res.ServerCPUus = cpu.Seconds() * 1e6 / float64(ios)
+	}
 	return res, cmdline
 }
 
 type fioStat struct {
-	BwBytes int64   `json:"bw_bytes"`
-	IOPS    float64 `json:"iops"`
-	Lat     struct {
+	TotalIOs int64   `json:"total_ios"`
+	BwBytes  int64   `json:"bw_bytes"`
+	IOPS     float64 `json:"iops"`
+	Lat      struct {
 		Mean float64 `json:"mean"`
 	} `json:"lat_ns"`
 	Clat struct {
 		Percentile map[string]float64 `json:"percentile"`
 	} `json:"clat_ns"`
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat times (100 on Linux).
+const clockTicks = 100
+
+// treeCPU returns the CPU time (utime+stime+cutime+cstime) of pid and all its
+// living descendants.
+func treeCPU(pid int) time.Duration {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	type st struct {
+		ppid  int
+		ticks int64
+	}
+	procs := map[int]st{}
+	for _, e := range ents {
+		var p int
+		if _, err := fmt.Sscan(e.Name(), &p); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after "(comm)": state ppid ... utime(14) stime(15) cutime(16) cstime(17).
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		var ppid int
+		var u, sy, cu, cs int64
+		fmt.Sscan(f[1], &ppid)
+		fmt.Sscan(f[11], &u)
+		fmt.Sscan(f[12], &sy)
+		fmt.Sscan(f[13], &cu)
+		fmt.Sscan(f[14], &cs)
+		procs[p] = st{ppid, u + sy + cu + cs}
+	}
+	var total int64
+	var walk func(int, int)
+	walk = func(p, depth int) {
+		if depth > 16 {
+			return
+		}
+		total += procs[p].ticks
+		for c, x := range procs {
+			if x.ppid == p {
+				walk(c, depth+1)
+			}
+		}
+	}
+	walk(pid, 0)
+	return time.Duration(total) * time.Second / clockTicks
 }
 
 func serverCmdline(s *servers.Server) string {
@@ -533,6 +609,26 @@ func printTable(w io.Writer, rep Report) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
+	fmt.Fprintln(w, "server CPU time per I/O (us, user+system; lower is better, robust to machine load):")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	hdr = "job\t"
+	for _, s := range rep.Servers {
+		hdr += s + "\t"
+	}
+	fmt.Fprintln(tw, hdr)
+	for _, j := range rep.Jobs {
+		line := j.Name + "\t"
+		for _, s := range rep.Servers {
+			if r := get(j.Name, s); r == nil || r.Error != "" || r.ServerCPUus == 0 {
+				line += "-\t"
+			} else {
+				line += fmt.Sprintf("%.1f\t", r.ServerCPUus)
+			}
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
 	fmt.Fprintln(w, "server command lines:")
 	for _, s := range rep.Servers {
 		fmt.Fprintf(w, "  %-10s %s\n", s, rep.Commands[s])
@@ -566,7 +662,13 @@ func machine(dir string) map[string]string {
 			m[t] = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 		}
 	}
-	m["summary"] = fmt.Sprintf("%s CPUs (%s), %s RAM, kernel %s, %s filesystem", m["cpus"], m["cpu"], m["mem"], m["kernel"], m["fs"])
+	// The load at the start says how much else competed for the CPUs: the
+	// figures are only comparable with each other within one run.
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		m["loadavg_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
+	}
+	m["summary"] = fmt.Sprintf("%s CPUs (%s), %s RAM, kernel %s, %s filesystem, load average at start %s",
+		m["cpus"], m["cpu"], m["mem"], m["kernel"], m["fs"], m["loadavg_start"])
 	return m
 }
 

@@ -327,7 +327,8 @@ func TestRunnerCountsAndLatency(t *testing.T) {
 		t.Fatalf("read fraction %.2f, want ~0.75", frac)
 	}
 	// Bad specs are errors, not panics.
-	for _, s := range []JobSpec{{RW: Read, BS: 0}, {RW: Read, BS: 4096, Offset: 8 << 20}, {RW: Read, BS: 8 << 20}} {
+	for _, s := range []JobSpec{{RW: Read, BS: 0}, {RW: Read, BS: 4096, Offset: 8 << 20}, {RW: Read, BS: 8 << 20},
+		{RW: Read, BS: 1 << 40}, {RW: Read, BS: 4096, QD: 1 << 20}, {RW: Read, BS: 4096, QD: 64, Jobs: 1 << 10}} {
 		if _, err := Run(ctx, tg, s, nil); err == nil {
 			t.Errorf("spec %+v: want error", s)
 		}

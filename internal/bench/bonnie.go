@@ -32,7 +32,7 @@ func runBonnie(ctx context.Context, t Target, o Options, prog Progress, res *Res
 		size = t.Size()
 	}
 	al := t.Align()
-	chunk := o.Chunk
+	chunk := min(o.Chunk, MaxBlockSize)
 	if chunk%al != 0 {
 		chunk = (chunk/al + 1) * al
 	}

@@ -26,7 +26,7 @@ const (
 // average access time.
 func runGnome(ctx context.Context, t Target, o Options, prog Progress, res *Result) error {
 	al := int64(t.Align())
-	sample := o.SampleSize / al * al
+	sample := min(o.SampleSize, MaxBlockSize) / al * al
 	if mx := int64(t.MaxIO()); mx > 0 && sample > mx {
 		// One request per sample where possible; else the largest allowed.
 		sample = mx / al * al

@@ -134,6 +134,13 @@ func (nopProgress) Start(string, int64) Phase { return nopPhase{} }
 func (nopPhase) Set(int64)                    {}
 func (nopPhase) Done(string)                  {}
 
+// Bounds on what a job may ask for: every in-flight request owns a buffer
+// of the block size, so these cap the memory a command line can demand.
+const (
+	MaxInFlight  = 4096
+	MaxBlockSize = 256 << 20
+)
+
 // Run executes one pass of spec against t and measures it.
 //
 // Every one of Jobs×QD workers owns its buffer, its random source and its
@@ -151,6 +158,12 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 	}
 	if spec.RWMix <= 0 || spec.RWMix > 100 {
 		spec.RWMix = 50
+	}
+	if spec.QD*spec.Jobs > MaxInFlight {
+		return nil, fmt.Errorf("bench: iodepth × jobs = %d exceeds %d requests in flight", spec.QD*spec.Jobs, MaxInFlight)
+	}
+	if spec.BS > MaxBlockSize {
+		return nil, fmt.Errorf("bench: block size %d exceeds %d", spec.BS, MaxBlockSize)
 	}
 	al := int64(t.Align())
 	if spec.BS <= 0 || int64(spec.BS)%al != 0 {

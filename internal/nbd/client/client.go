@@ -34,6 +34,13 @@ type Options struct {
 	DialTimeout time.Duration
 }
 
+// Bounds on Options, so a caller's typo cannot open thousands of sockets
+// or allocate huge queues.
+const (
+	maxDepth       = 4096
+	maxConnections = 64
+)
+
 // Conn is a client for one export over one or more connections. All
 // methods are safe for concurrent use; many requests from many goroutines
 // are pipelined (kept in flight together) and their replies matched by
@@ -62,6 +69,8 @@ func Dial(ctx context.Context, uri string, o *Options) (*Conn, error) {
 	if opts.Depth <= 0 {
 		opts.Depth = 128
 	}
+	opts.Depth = min(opts.Depth, maxDepth)
+	opts.Connections = min(opts.Connections, maxConnections)
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 30 * time.Second
 	}

@@ -21,7 +21,7 @@ type device struct {
 
 func (d *device) Info() export.Info {
 	i := d.Device.Info()
-	if st := d.r.Status(); st.Role != "Primary" {
+	if !d.r.primary.Load() {
 		// Secondaries export read-only; NBD clients then never send writes.
 		i.ReadOnly = true
 	}
@@ -33,7 +33,7 @@ var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in 
 func (d *device) Submit(req *ioengine.Request) {
 	switch req.Op {
 	case ioengine.OpRead, ioengine.OpCache:
-		if st := d.r.Status(); st.Disk != "UpToDate" {
+		if !d.r.upToDate.Load() {
 			finish(req, errNotUpToDate)
 			return
 		}

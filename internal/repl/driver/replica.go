@@ -81,6 +81,10 @@ type Replica struct {
 
 	ln       net.Listener
 	wantDial atomic.Bool
+	// primary/upToDate mirror the node for the client hot path.
+	primary  atomic.Bool
+	upToDate atomic.Bool
+	lastConn repl.ConnState // loop only
 	dialer   bool
 
 	statusMu sync.Mutex
@@ -202,6 +206,8 @@ func Start(o Options) (*Replica, error) {
 	r.node.Listen()
 	r.process()
 	r.publish()
+	r.primary.Store(r.node.Status().Role == repl.Primary)
+	r.upToDate.Store(r.node.Status().Disk == repl.UpToDate)
 	r.wg.Add(4)
 	go r.loop()
 	go r.acceptLoop()
@@ -231,15 +237,28 @@ func (r *Replica) loop() {
 	t := time.NewTicker(r.tick)
 	defer t.Stop()
 	for {
+		tick := false
 		select {
 		case <-r.stop:
 			return
 		case ev := <-r.events:
 			r.handle(ev)
+			// Batch: take what else is already queued before producing
+			// output, so a burst of client writes costs one pass.
+			for i := 0; i < 256; i++ {
+				select {
+				case ev := <-r.events:
+					r.handle(ev)
+					continue
+				default:
+				}
+				break
+			}
 		case <-r.comp.notify:
 			r.drainCompletions()
 		case <-t.C:
 			r.node.Tick()
+			tick = true
 		}
 		if err := r.process(); err != nil {
 			// Metadata could not be persisted: continuing could acknowledge
@@ -248,8 +267,16 @@ func (r *Replica) loop() {
 			r.failAll(err)
 			return
 		}
-		r.wantDial.Store(r.link == nil && r.node.Status().Conn == repl.Connecting)
-		r.publish()
+		st := r.node.Status()
+		r.wantDial.Store(r.link == nil && st.Conn == repl.Connecting)
+		r.primary.Store(st.Role == repl.Primary)
+		r.upToDate.Store(st.Disk == repl.UpToDate)
+		if tick || st.Conn != r.lastConn {
+			// The full snapshot (strings, rates) is for status readers:
+			// once per tick and on connection changes is plenty.
+			r.lastConn = st.Conn
+			r.publish()
+		}
 	}
 }
 
@@ -526,6 +553,9 @@ func (r *Replica) call(fn func() error) error {
 		if perr := r.process(); err == nil {
 			err = perr
 		}
+		st := r.node.Status()
+		r.primary.Store(st.Role == repl.Primary)
+		r.upToDate.Store(st.Disk == repl.UpToDate)
 		r.publish()
 		errc <- err
 	}}:

@@ -232,8 +232,8 @@ func newLink(r *Replica, epoch uint64, data, ctl net.Conn) *link {
 	}
 	l.dataW = newSender(data, fail)
 	l.ctlW = newSender(ctl, fail)
-	go r.readConn(epoch, data, true, fail)
-	go r.readConn(epoch, ctl, false, fail)
+	go r.readConn(epoch, data, true, fail, nil)
+	go r.readConn(epoch, ctl, false, fail, l.ctlW)
 	return l
 }
 
@@ -256,7 +256,12 @@ func (l *link) close() {
 
 // readConn decodes frames and hands them to the loop. Every length is
 // bounded by DecodeHeader before the payload is allocated.
-func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(error)) {
+//
+// The control reader answers pings itself (pong != nil): even while the
+// loop waits for a metadata fdatasync on a busy disk, the peer keeps
+// hearing from us. Our own liveness check is unaffected: the loop's tick
+// stops while it is blocked, and it handles queued messages before ticking.
+func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(error), pong *sender) {
 	br := bufio.NewReaderSize(c, 256<<10)
 	var h [repl.HeaderSize]byte
 	for {
@@ -278,6 +283,10 @@ func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(erro
 				fail(fmt.Errorf("read: %w", err))
 				return
 			}
+		}
+		if pong != nil && m.Type == repl.MsgPing {
+			pong.push(repl.Message{Type: repl.MsgPingAck})
+			continue
 		}
 		if isData && (m.Type == repl.MsgData || m.Type == repl.MsgRSData || m.Type == repl.MsgRSZero) {
 			if m.Op != repl.OpFlush {

@@ -51,7 +51,7 @@ type Replica struct {
 	name string
 	set  Settings
 	dev  export.Device
-	st   state
+	st   *state
 	log  *slog.Logger
 	tick time.Duration
 
@@ -84,7 +84,7 @@ type Replica struct {
 	// primary/upToDate mirror the node for the client hot path.
 	primary  atomic.Bool
 	upToDate atomic.Bool
-	lastConn repl.ConnState // loop only
+	lastPub  pubKey // loop only
 	dialer   bool
 
 	statusMu sync.Mutex
@@ -124,6 +124,15 @@ type event struct {
 	conn  net.Conn
 }
 
+type pubKey struct {
+	conn      repl.ConnState
+	role      repl.Role
+	disk      repl.DiskState
+	peerRole  repl.Role
+	peerDisk  repl.DiskState
+	outOfSync int64
+}
+
 // Start opens (or initialises) the replication state and starts the loop,
 // the listener and (if this side dials) the dialer.
 func Start(o Options) (*Replica, error) {
@@ -144,7 +153,7 @@ func Start(o Options) (*Replica, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, err
 	}
-	st := state{dir: o.Dir}
+	st := &state{dir: o.Dir}
 	m, words, al, found, err := st.load()
 	if err != nil {
 		return nil, err
@@ -257,6 +266,17 @@ func (r *Replica) loop() {
 		case <-r.comp.notify:
 			r.drainCompletions()
 		case <-t.C:
+			// Handle what arrived while we were busy first, so a slow
+			// metadata write never looks like a silent peer.
+			for i := 0; i < 1024; i++ {
+				select {
+				case ev := <-r.events:
+					r.handle(ev)
+					continue
+				default:
+				}
+				break
+			}
 			r.node.Tick()
 			tick = true
 		}
@@ -271,10 +291,12 @@ func (r *Replica) loop() {
 		r.wantDial.Store(r.link == nil && st.Conn == repl.Connecting)
 		r.primary.Store(st.Role == repl.Primary)
 		r.upToDate.Store(st.Disk == repl.UpToDate)
-		if tick || st.Conn != r.lastConn {
+		key := pubKey{st.Conn, st.Role, st.Disk, st.PeerRole, st.PeerDisk, st.OutOfSync}
+		if tick || key != r.lastPub {
 			// The full snapshot (strings, rates) is for status readers:
-			// once per tick and on connection changes is plenty.
-			r.lastConn = st.Conn
+			// once per tick and whenever a state or the out-of-sync
+			// amount changes.
+			r.lastPub = key
 			r.publish()
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"syscall"
 
@@ -113,11 +114,12 @@ func SaveSettings(dir string, s Settings) error {
 // activity log al.bin, updated in place (see alFile) because it changes on
 // the write path.
 type state struct {
-	dir string
-	al  *alFile
+	dir    string
+	al     *alFile
+	lastBM []uint64 // last bitmap written (skip identical rewrites)
 }
 
-func (s state) load() (m repl.Meta, words []uint64, al []int64, found bool, err error) {
+func (s *state) load() (m repl.Meta, words []uint64, al []int64, found bool, err error) {
 	b, err := os.ReadFile(filepath.Join(s.dir, "meta.json"))
 	if errors.Is(err, os.ErrNotExist) {
 		return m, nil, nil, false, nil
@@ -146,7 +148,10 @@ func (s state) load() (m repl.Meta, words []uint64, al []int64, found bool, err 
 // persist writes what p says changed. Order matters for crash safety: the
 // bitmap before the AL (an AL that drops an extent must never be on disk
 // without the bitmap covering that extent's dirty chunks), and meta last.
-func (s state) persist(p repl.Persist) error {
+func (s *state) persist(p repl.Persist) error {
+	if p.BitmapChanged && s.lastBM != nil && slices.Equal(s.lastBM, p.Bitmap) {
+		p.BitmapChanged = false // e.g. AL retirement with nothing out of sync
+	}
 	if p.BitmapChanged {
 		b := make([]byte, 8*len(p.Bitmap))
 		for i, w := range p.Bitmap {
@@ -155,6 +160,7 @@ func (s state) persist(p repl.Persist) error {
 		if err := atomicfile.WriteFile(filepath.Join(s.dir, "bitmap.bin"), b, 0o644); err != nil {
 			return err
 		}
+		s.lastBM = p.Bitmap
 	}
 	if p.ALChanged {
 		if err := s.al.write(p.AL); err != nil {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 
 	"github.com/vmsan/vmsan/internal/nbd/client"
@@ -63,3 +64,61 @@ func (t *nbdTarget) Align() int                               { return int(t.c.E
 func (t *nbdTarget) MaxIO() int                               { return int(t.c.Export().MaxBlock) }
 func (t *nbdTarget) Info() TargetInfo                         { return t.info }
 func (t *nbdTarget) Close() error                             { return t.c.Close() }
+
+// NewQueue lets the runner drive an NBD target like fio's nbd engine: one
+// goroutine per job submits QD requests through the client's asynchronous
+// Submit and reaps their completions, instead of QD goroutines each
+// blocking in ReadAt.
+func (t *nbdTarget) NewQueue(depth int) (Queue, error) {
+	q := &nbdQueue{c: t.c, reqs: make([]client.Request, depth), done: make(chan int, depth)}
+	for i := range q.reqs {
+		tag := i
+		q.reqs[i].Done = func(*client.Request) { q.done <- tag }
+	}
+	return q, nil
+}
+
+type nbdQueue struct {
+	c    *client.Conn
+	reqs []client.Request
+	done chan int // completed tags; capacity depth, so Done never blocks
+}
+
+func (q *nbdQueue) Submit(write bool, p []byte, off int64, tag int) error {
+	if tag < 0 || tag >= len(q.reqs) {
+		return fmt.Errorf("bench: nbd queue tag %d out of range", tag)
+	}
+	r := &q.reqs[tag]
+	r.Cmd, r.Flags, r.Offset, r.Length, r.Data, r.Err = proto.CmdRead, 0, off, uint32(len(p)), p, nil
+	if write {
+		r.Cmd = proto.CmdWrite
+	}
+	q.c.Submit(r)
+	return nil
+}
+
+func (q *nbdQueue) Reap(min int, out []Completion) (int, error) {
+	n := 0
+	for n < len(out) {
+		var tag int
+		if n < min {
+			tag = <-q.done
+		} else {
+			select {
+			case tag = <-q.done:
+			default:
+				return n, nil
+			}
+		}
+		r := &q.reqs[tag]
+		out[n] = Completion{Tag: tag, Err: r.Err}
+		if r.Err == nil {
+			out[n].N = len(r.Data)
+		}
+		r.Data = nil
+		n++
+	}
+	return n, nil
+}
+
+func (q *nbdQueue) Close() error { return nil }

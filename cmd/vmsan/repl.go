@@ -31,7 +31,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	rc.PersistentFlags().StringVar(&dataDir, "data-dir", config.DefaultDataDir, "data directory of the node")
 
 	var s driver.Settings
-	var rate string
+	var rate, minRate string
 	configure := &cobra.Command{
 		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT [--role primary|secondary] [--protocol A|B|C]",
 		Short: "Write a volume's replication settings (read by vmsan serve at start)",
@@ -43,6 +43,13 @@ See docs/replication.md for protocols, states and split brain.`,
 					return err
 				}
 				s.ResyncRate = n
+			}
+			if minRate != "" {
+				n, err := volume.ParseSize(minRate)
+				if err != nil {
+					return err
+				}
+				s.ResyncMinRate = n
 			}
 			out, err := driver.Configure(dataDir, args[0], s)
 			if err != nil {
@@ -66,6 +73,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	f.IntVar(&s.KoTicks, "ko-ticks", 100, "ticks a replicated write may stay unacknowledged before the peer is dropped")
 	f.IntVar(&s.ALRetireTicks, "al-retire-ticks", 50, "ticks an activity-log extent stays hot after its last write")
 	f.StringVar(&rate, "resync-rate", "", "resync bandwidth per second (e.g. 100M; empty: unlimited)")
+	f.StringVar(&minRate, "resync-min-rate", "", "with --resync-rate: dynamic control, resync gets the rate minus application writes but at least this")
 	f.BoolVar(&s.Checksum, "checksum-resync", false, "send hashes first and data only where they differ")
 
 	var force bool
@@ -115,6 +123,43 @@ See docs/replication.md for protocols, states and split brain.`,
 		op("disconnect", "Drop the connection and stay StandAlone", "disconnect"),
 		status)
 	rootCmd.AddCommand(rc)
+}
+
+// replVolumeCommands are `vmsan volume promote|demote|verify VOLUME`, the
+// names the issue uses; they call the same control endpoints as `vmsan repl
+// ...` and read the volume command's persistent --data-dir flag.
+func replVolumeCommands() []*cobra.Command {
+	mk := func(use, short, path string, force *bool) *cobra.Command {
+		return &cobra.Command{
+			Use: use + " VOLUME", Short: short, Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				dataDir, err := cmd.Flags().GetString("data-dir")
+				if err != nil {
+					return err
+				}
+				if force != nil && *force {
+					path = "promote-force"
+				}
+				c, err := daemon.Dial(dataDir)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				var st driver.Status
+				if err := c.Do("POST", "/v1/repl/"+args[0]+"/"+path, nil, &st); err != nil {
+					return err
+				}
+				printRepl([]driver.Status{st})
+				return nil
+			},
+		}
+	}
+	var force bool
+	p := mk("promote", "Make this node primary for a replicated volume (refused while the peer is primary and connected)", "promote", &force)
+	p.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
+	return []*cobra.Command{p,
+		mk("demote", "Make this node secondary for a replicated volume", "demote", nil),
+		mk("verify", "Online verify of a replicated volume against its peer", "verify", nil)}
 }
 
 func orDefault(s, d string) string {

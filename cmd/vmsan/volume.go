@@ -189,5 +189,6 @@ func init() {
 	set.Flags().BoolVar(&setRO, "read-only", false, "export read-only")
 	set.Flags().StringVar(&setDesc, "description", "", "free-text description")
 	vc.AddCommand(create, list, info, resize, set, del)
+	vc.AddCommand(replVolumeCommands()...) // promote, demote, verify: see repl.go
 	rootCmd.AddCommand(vc)
 }

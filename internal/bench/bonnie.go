@@ -55,8 +55,9 @@ func runBonnie(ctx context.Context, t Target, o Options, prog Progress, res *Res
 	if err := checkWritable(t, o.Force); err != nil {
 		return err
 	}
-	// Per-character tests issue one 1-byte request per byte (bonnie++ 1.9x
-	// measures the per-call cost this way); O_DIRECT cannot do that.
+	// Per-character tests issue one 1-byte request per byte: since 1.92
+	// bonnie++ does them with write(2)/read(2) of one byte, not stdio.
+	// O_DIRECT cannot do that.
 	byteIO := al == 1
 	if !byteIO {
 		addNote(res, "bonnie: per-char tests skipped: the target needs aligned I/O (O_DIRECT); run without --direct to include them")
@@ -72,7 +73,12 @@ func runBonnie(ctx context.Context, t Target, o Options, prog Progress, res *Res
 		if err != nil {
 			return err
 		}
-		add(m.Row(BonniePutc, true))
+		// bonnie++ fsyncs every file it closes after writing (since 1.90b).
+		r, err := withFlush(t, m, BonniePutc, true)
+		if err != nil {
+			return err
+		}
+		add(r)
 	}
 	// Block output: chunk writes over the whole size, then fsync (counted).
 	m, err := Run(ctx, t, JobSpec{Name: "bonnie block write", RW: Write, BS: chunk, QD: 1, Jobs: 1, Size: size, Seed: o.Seed}, prog)

@@ -293,6 +293,19 @@ func TestCacheFlag(t *testing.T) {
 		if flagged == direct {
 			t.Fatalf("direct=%v: cached flag=%v, table:\n%s", direct, res.Ops[0].Cached, b.String())
 		}
+		// Buffered writes with no flush in the timing are flagged too.
+		tg, err = OpenTarget(ctx, filepath.Join(dir, "c.img"), TargetOptions{Size: 16 << 20, Direct: direct})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err = RunProfile(ctx, tg, Options{Profile: ProfileJob, Job: JobSpec{RW: Write, BS: 1 << 20, QD: 2, Runtime: 100 * time.Millisecond}}, nil)
+		tg.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := res.Ops[0]; w.Dir != "write" || w.Cached == direct || (!direct && w.Note != "absorbed by cache") {
+			t.Fatalf("direct=%v: write row %+v", direct, w)
+		}
 	}
 }
 

@@ -152,11 +152,23 @@ func cacheRisk(t Target, region int64) bool {
 
 const cacheNote = "served from cache: buffered read of a region smaller than RAM measures the page cache, not the disk; use --direct or a size larger than RAM"
 
+const writeCacheNote = "absorbed by cache: buffered writes without a flush in the timing, to a region smaller than RAM, measure the page cache; use --direct"
+
+// markCached flags a row that measured the page cache. Reads: a buffered
+// read of a region that fits in RAM. Writes: buffered writes to such a
+// region whose timing contains no flush (bonnie's output rows end with one
+// and gnome-disks flushes every sample, so they are not flagged).
 func markCached(t Target, region int64, r *OpResult, res *Result) {
-	if r.Dir == "read" && cacheRisk(t, region) {
-		r.Cached = true
+	if !cacheRisk(t, region) {
+		return
+	}
+	r.Cached = true
+	if r.Dir == "read" {
 		r.Note = "served from cache"
 		addNote(res, cacheNote)
+	} else {
+		r.Note = "absorbed by cache"
+		addNote(res, writeCacheNote)
 	}
 }
 
@@ -345,7 +357,9 @@ func runJob(ctx context.Context, t Target, o Options, prog Progress, res *Result
 		res.Ops = append(res.Ops, r)
 	}
 	if m.Writes.ops > 0 {
-		res.Ops = append(res.Ops, m.Row(spec.Name, true))
+		r := m.Row(spec.Name, true)
+		markCached(t, region, &r, res)
+		res.Ops = append(res.Ops, r)
 	}
 	return nil
 }

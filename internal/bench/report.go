@@ -50,7 +50,7 @@ func PrintTable(w io.Writer, res *Result) {
 
 func star(r OpResult) string {
 	if r.Cached {
-		return " (*) served from cache"
+		return " (*) " + r.Note
 	}
 	return ""
 }
@@ -147,7 +147,7 @@ func printBonnie(w io.Writer, res *Result) {
 	fmt.Fprintln(w, "(K/sec: K = 1024 bytes, as bonnie++; %CP: CPU time of this process / wall time)")
 	for _, r := range res.Ops {
 		if r.Cached {
-			fmt.Fprintf(w, "(*) %s: served from cache\n", r.Name)
+			fmt.Fprintf(w, "(*) %s: %s\n", r.Name, r.Note)
 		}
 	}
 	if res.BonnieCS != "" {
@@ -268,7 +268,7 @@ func Compare(w io.Writer, names []string, rs []*Result) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.profile, name, dir, unit, line)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "(change vs the first result; MB/s = 1,000,000 bytes/s; for ms lower is better; * = served from cache)")
+	fmt.Fprintln(w, "(change vs the first result; MB/s = 1,000,000 bytes/s; for ms lower is better; * = measured the page cache)")
 }
 
 func splitKey(k string) (string, string) {

@@ -417,6 +417,15 @@ func (s *sim) run(t *testing.T, cmd string, args []string) string {
 		sn.n = NewNode(sn.cfg, sn.meta, sn.bm, sn.al)
 		s.stabilize()
 		out = append(out, fmt.Sprintf("%s restarted: oos=%d", sn.name, sn.n.Status().OutOfSync))
+	case "restart":
+		// Clean stop and start: Shutdown persisted, then a new Node.
+		sn := node()
+		sn.n.Shutdown()
+		s.process(sn)
+		sn.applies, sn.reads, sn.holdIO = nil, nil, false
+		sn.n = NewNode(sn.cfg, sn.meta, sn.bm, sn.al)
+		s.stabilize()
+		out = append(out, status(sn))
 	case "shutdown":
 		sn := node()
 		sn.n.Shutdown()

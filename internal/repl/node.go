@@ -299,6 +299,13 @@ func NewNode(cfg Config, m Meta, bitmapWords []uint64, alExtents []int64) *Node 
 		}
 		n.bmDirty = true
 	}
+	if !m.Clean && m.Role == Primary {
+		// Like DRBD, a node that crashed comes back secondary: its peer
+		// may have been promoted meanwhile, and two primaries writing
+		// apart is the split brain we must not create. CrashedPrimary
+		// stays set so the handshake resyncs our activity log.
+		n.meta.Role = Secondary
+	}
 	// From now on the bitmap on disk is incomplete until a clean Shutdown.
 	n.meta.Clean = false
 	n.metaDirty = true
@@ -649,10 +656,18 @@ func (n *Node) issue(p *pendingWrite) {
 			n.bySeq[p.seq] = p
 		}
 	} else if w.Op != OpFlush {
-		if n.bm.SetRange(w.Offset, w.Length) > 0 {
-			// No persist needed now: the AL covers this extent until
-			// eviction, which persists the bitmap first.
+		if n.meta.Gens.Bitmap == 0 && n.meta.Gens.Current != 0 {
+			// First write without the peer in this generation: start a new
+			// one (persisted before the write is applied), so the peer can
+			// never mistake us for an older copy of its own data. Without
+			// this a primary restarted while disconnected would write under
+			// the generation the peer also holds.
+			n.meta.Gens.newCurrent(n.newGen())
+			n.metaDirty = true
 		}
+		// The bit need not be persisted now: the AL covers this extent
+		// until eviction or retirement, which persist the bitmap first.
+		n.bm.SetRange(w.Offset, w.Length)
 	}
 	p.applied = true
 	n.rd.Apply = append(n.rd.Apply, Apply{ID: p.id, Op: w.Op, Offset: w.Offset, Length: w.Length, Data: w.Data, FUA: w.FUA, NoHole: w.NoHole})

@@ -50,6 +50,9 @@ func Decide(self, peer Hello, policy SplitBrainPolicy) Decision {
 	if self.Size != peer.Size {
 		return Decision{Kind: Refused, Rule: 1, Reason: "volume sizes differ"}
 	}
+	if self.Protocol != peer.Protocol {
+		return Decision{Kind: Refused, Rule: 1, Reason: "protocols differ (" + self.Protocol.String() + " here, " + peer.Protocol.String() + " on the peer)"}
+	}
 	if self.Role == Primary && peer.Role == Primary {
 		// Dual primary is not supported: one side must demote first. Still
 		// report split brain when the generations show it, since that is

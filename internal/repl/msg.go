@@ -288,24 +288,32 @@ func EncodeRuns(runs []Run) []byte {
 // DecodeRuns parses EncodeRuns output, rejecting runs beyond chunks.
 func DecodeRuns(b []byte, chunks int64) ([]Run, error) {
 	var out []Run
+	err := ForEachRun(b, chunks, func(r Run) { out = append(out, r) })
+	return out, err
+}
+
+// ForEachRun parses EncodeRuns output calling fn per run, without
+// allocating (a 32 MiB frame could otherwise expand to 16M Run values).
+// Runs must be ascending and inside [0, chunks).
+func ForEachRun(b []byte, chunks int64, fn func(Run)) error {
 	prev := int64(0)
 	for len(b) > 0 {
 		gap, n := binary.Uvarint(b)
 		if n <= 0 {
-			return nil, fmt.Errorf("%w: bad run gap", ErrBadFrame)
+			return fmt.Errorf("%w: bad run gap", ErrBadFrame)
 		}
 		b = b[n:]
 		l, n := binary.Uvarint(b)
 		if n <= 0 {
-			return nil, fmt.Errorf("%w: bad run length", ErrBadFrame)
+			return fmt.Errorf("%w: bad run length", ErrBadFrame)
 		}
 		b = b[n:]
 		if gap > uint64(chunks) || l == 0 || l > uint64(chunks) || uint64(prev)+gap+l > uint64(chunks) {
-			return nil, fmt.Errorf("%w: run outside the volume", ErrBadFrame)
+			return fmt.Errorf("%w: run outside the volume", ErrBadFrame)
 		}
 		start := prev + int64(gap)
-		out = append(out, Run{start, start + int64(l)})
+		fn(Run{start, start + int64(l)})
 		prev = start + int64(l)
 	}
-	return out, nil
+	return nil
 }

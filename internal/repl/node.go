@@ -858,14 +858,13 @@ func (n *Node) step(m Message) error {
 		if n.conn != Handshake || n.peerBMDone {
 			return errors.New("unexpected Bitmap")
 		}
-		runs, err := DecodeRuns(m.Data, n.bm.Chunks())
-		if err != nil {
-			return err
-		}
-		for _, r := range runs {
+		err := ForEachRun(m.Data, n.bm.Chunks(), func(r Run) {
 			for i := r.Start; i < r.End; i++ {
 				n.peerBitmap.SetChunk(i)
 			}
+		})
+		if err != nil {
+			return err
 		}
 		if m.Flags&FlagLast != 0 {
 			n.peerBMDone = true

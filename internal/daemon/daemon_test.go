@@ -378,8 +378,15 @@ func TestDataSurvivesRestart(t *testing.T) {
 		c.NoDefaultVolume = true
 		c.MetricsListen = "127.0.0.1:0"
 		c.Pprof = true
-		c.Volumes = []config.Volume{{Name: "disk", Size: 64 << 20, Cache: "writeback"}}
+		c.Volumes = []config.Volume{{Name: "disk", Size: 64 << 20, Cache: "writeback"}, {Name: "direct", Size: 16 << 20, Cache: "none"}}
 	})
+	if _, ok := (*r.d.vols.Load())["direct"]; !ok {
+		t.Fatal("cache=none volume not opened (does the test filesystem support O_DIRECT?)")
+	}
+	// cache=none (O_DIRECT) through the whole stack, including an unaligned
+	// write the backend must bounce.
+	run(t, "qemu-io", "-f", "raw", "-c", "write -P 0x5e 4096 64k", "-c", "write -P 0x6f 100 1000", "-c", "flush", r.url("direct"))
+	run(t, "qemu-io", "-f", "raw", "-c", "read -P 0x5e 8192 60k", "-c", "read -P 0x6f 100 1000", "-c", "read -P 0 0 100", r.url("direct"))
 	uri := r.url("disk")
 	run(t, "qemu-io", "-f", "raw", "-c", "write -P 0xa5 0 1M", "-c", "write -P 0x3c 8M 64k", "-c", "write -z 4M 1M", "-c", "flush", uri)
 	run(t, "qemu-io", "-f", "raw", "-c", "read -P 0xa5 0 1M", "-c", "read -P 0x3c 8M 64k", uri)

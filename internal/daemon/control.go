@@ -212,10 +212,19 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 	defer d.mu.Unlock()
 	old := (*d.vols.Load())[name]
 	if old == nil {
-		m, err := d.store.Update(name, s.apply) // exists but not open, or missing
+		// Missing, or exists but could not be opened at start (say
+		// cache=none where O_DIRECT is refused): new settings may fix it, so
+		// try to open and export it now.
+		m, err := d.store.Update(name, s.apply)
 		if err != nil {
 			return VolumeInfo{}, err
 		}
+		nv, err := openVol(d.store, m, d.engineFor(name), uint32(d.cfg.MaxPayload))
+		if err != nil {
+			return VolumeInfo{}, fmt.Errorf("settings saved, but the volume still cannot be opened: %w", err)
+		}
+		d.publish(func(mm map[string]*vol) { mm[name] = nv })
+		d.log.Info("volume opened after settings change", "volume", name)
 		return d.info(m), nil
 	}
 	old.deleting.Store(true) // same handshake with registry.Open as DeleteVolume

@@ -578,3 +578,30 @@ func TestCorruptVolumeDoesNotStopDaemon(t *testing.T) {
 		t.Fatal("corrupt volume exported")
 	}
 }
+
+// TestDamagedRawFile: a volume whose raw file is not a regular file is not
+// exported, and does not stop the store or the daemon.
+func TestDamagedRawFile(t *testing.T) {
+	needTool(t, "nbdinfo")
+	dir := t.TempDir()
+	s, err := volume.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"ok", "broken"} {
+		if _, err := s.Create(volume.CreateOptions{Name: n, Size: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	raw := filepath.Join(dir, "volumes", "broken.raw")
+	os.Remove(raw)
+	os.Mkdir(raw, 0o755)
+	r := start(t, dir, nil)
+	if n := nbdSize(t, r.url("ok")); n != 1<<20 {
+		t.Fatalf("ok volume: %d", n)
+	}
+	if _, ok := (*r.d.vols.Load())["broken"]; ok {
+		t.Fatal("volume with a directory as its raw file was exported")
+	}
+}

@@ -184,7 +184,9 @@ func Open(dir string) (*Store, error) {
 }
 
 // reconcile makes every raw file as long as its metadata says (see package
-// doc) and recreates a missing raw file as a hole.
+// doc) and recreates a missing raw file as a hole. It is best-effort: a
+// volume it cannot repair is left alone (opening it will fail and report
+// why), so one damaged volume does not keep the others from being served.
 func (s *Store) reconcile() error {
 	ms, err := s.list()
 	if err != nil && ms == nil {
@@ -194,24 +196,20 @@ func (s *Store) reconcile() error {
 	for _, m := range ms {
 		p := s.RawPath(m.Name)
 		st, err := os.Stat(p)
-		if err == nil && st.Size() == m.Size {
+		if err == nil && (st.Size() == m.Size || !st.Mode().IsRegular()) {
 			continue
 		}
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("volume %s: %w", m.Name, err)
+			continue
 		}
 		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
-			return fmt.Errorf("volume %s: %w", m.Name, err)
+			continue
 		}
-		err = f.Truncate(m.Size)
-		if err == nil {
-			err = f.Sync()
+		if f.Truncate(m.Size) == nil {
+			f.Sync()
 		}
 		f.Close()
-		if err != nil {
-			return fmt.Errorf("volume %s: reconcile size: %w", m.Name, err)
-		}
 	}
 	return nil
 }

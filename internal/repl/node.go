@@ -765,6 +765,11 @@ func (n *Node) ReadDone(id uint64, pieces []ReadPiece, err error) {
 		case pc.Zero:
 			n.send(Message{Type: MsgRSZero, Offset: pc.Offset, Length: pc.Length})
 			n.stats.ResyncZeroBytes += pc.Length
+			if n.cfg.ResyncRate > 0 {
+				// A zero range crosses the link as a header: give back the
+				// budget it was charged when the read was issued.
+				n.budget = min(n.budget+pc.Length, n.cfg.ResyncRate)
+			}
 		case n.cfg.Checksum:
 			n.send(Message{Type: MsgRSHash, Offset: pc.Offset, Length: pc.Length, Data: append([]byte(nil), pc.Hash[:]...)})
 			r.pieces = append(r.pieces, pc)

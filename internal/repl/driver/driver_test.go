@@ -339,3 +339,41 @@ func pairB(b *testing.B, size int64) (*node, *node) {
 	waitFor(b, "connect", 20*time.Second, connected(a))
 	return a, s
 }
+
+// Resync rate control and progress: with a 4 MiB/s resync rate, 8 MiB out
+// of sync takes about two seconds, during which status shows SyncSource
+// with a percentage, a measured rate and an ETA.
+func TestResyncRateAndProgress(t *testing.T) {
+	a, b := pairWith(t, 32<<20, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500, ResyncRate: 4 << 20}, nil, nil)
+	waitFor(t, "connect", 10*time.Second, func() bool { return connected(a)() && a.r.Status().OutOfSync == 0 })
+	if err := b.r.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a notices", 10*time.Second, func() bool { return a.r.Status().Conn == "Connecting" })
+	for i := 0; i < 8; i++ {
+		if err := a.write(int64(i)<<20, pattern(byte(i), 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.r.Connect()
+	start := time.Now()
+	var seen Status
+	waitFor(t, "resync", 30*time.Second, func() bool {
+		st := a.r.Status()
+		if st.Conn == "SyncSource" && st.ETASeconds > 0 && seen.ETASeconds == 0 {
+			seen = st
+		}
+		return st.Conn == "Connected" && st.OutOfSync == 0
+	})
+	took := time.Since(start)
+	t.Logf("8 MiB resynced in %v at 4 MiB/s; mid-resync status: %.0f%% done, %.1f MB/s, ETA %.1fs", took, seen.SyncPct, seen.SyncRate/1e6, seen.ETASeconds)
+	if seen.ETASeconds == 0 || seen.SyncPct <= 0 || seen.SyncTotal != 8<<20 {
+		t.Fatalf("no progress/ETA seen during resync: %+v", seen)
+	}
+	// A lower bound only: the rate limit must have slowed it down.
+	if took < 1200*time.Millisecond {
+		t.Fatalf("8 MiB resynced in %v despite a 4 MiB/s limit", took)
+	}
+	a.do(ioengine.OpFlush, 0, nil, 0)
+	waitFor(t, "equal", 10*time.Second, func() bool { return a.sum() == b.sum() })
+}

@@ -37,28 +37,27 @@ type Status struct {
 	Disconnects     int64 `json:"disconnects"`
 }
 
-// etaEstimator smooths the resync rate over ~2 s windows.
+// etaEstimator measures the resync rate since the resync (re)started:
+// bytes no longer out of sync divided by elapsed time. Averaging over the
+// whole run is steady enough for an ETA and needs no window tuning.
 type etaEstimator struct {
-	at   time.Time
-	left int64
-	rate float64
+	start     time.Time
+	startLeft int64
+	lastLeft  int64
 }
 
 func (e *etaEstimator) update(left int64, now time.Time) float64 {
-	if e.at.IsZero() || left > e.left {
-		e.at, e.left, e.rate = now, left, 0
+	if e.start.IsZero() || left > e.lastLeft {
+		// New resync, or more became out of sync: restart the average.
+		e.start, e.startLeft, e.lastLeft = now, left, left
 		return 0
 	}
-	if dt := now.Sub(e.at).Seconds(); dt >= 2 {
-		r := float64(e.left-left) / dt
-		if e.rate == 0 {
-			e.rate = r
-		} else {
-			e.rate = 0.5*e.rate + 0.5*r
-		}
-		e.at, e.left = now, left
+	e.lastLeft = left
+	el := now.Sub(e.start).Seconds()
+	if el < 0.25 || e.startLeft == left {
+		return 0
 	}
-	return e.rate
+	return float64(e.startLeft-left) / el
 }
 
 // publish snapshots the node's status (loop only).

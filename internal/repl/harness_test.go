@@ -82,6 +82,9 @@ func (s *sim) newNode(name string, args map[string]string) {
 	if v, ok := args["rate"]; ok {
 		sn.cfg.ResyncRate = parseSize(v)
 	}
+	if v, ok := args["minrate"]; ok {
+		sn.cfg.ResyncMinRate = parseSize(v)
+	}
 	if v, ok := args["inflight"]; ok {
 		sn.cfg.ResyncInflight = int(parseSize(v))
 	}
@@ -348,7 +351,11 @@ func (s *sim) run(t *testing.T, cmd string, args []string) string {
 		}
 		for i := 0; i < count; i++ {
 			ww := w
-			ww.Offset += int64(i) * w.Length
+			stride := w.Length
+			if st, ok := kv["stride"]; ok {
+				stride = parseSize(st)
+			}
+			ww.Offset += int64(i) * stride
 			_, err := sn.n.Propose(ww)
 			if err != nil {
 				out = append(out, fmt.Sprintf("%s: %v", cmd, err))

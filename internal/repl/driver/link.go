@@ -140,7 +140,7 @@ func (r *Replica) dialLoop() {
 	}
 }
 
-// addHalf pairs connections (loop only). A complete pair replaces any
+// addHalf pairs connections. REQUIRES: loop goroutine. A complete pair replaces any
 // current link: the peer would not dial or accept anew if it still
 // believed in the old one (e.g. it restarted).
 func (r *Replica) addHalf(ev event) {

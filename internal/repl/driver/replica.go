@@ -302,6 +302,7 @@ func (r *Replica) loop() {
 	}
 }
 
+// handle applies one event to the node. REQUIRES: loop goroutine.
 func (r *Replica) handle(ev event) {
 	switch ev.kind {
 	case evMsg:
@@ -361,6 +362,9 @@ func finish(req *ioengine.Request, err error) {
 }
 
 // process drains the node's Ready in the documented order.
+//
+// REQUIRES: running on the loop goroutine (it owns r.node, r.clients,
+// r.link).
 func (r *Replica) process() error {
 	for r.node.HasReady() {
 		rd := r.node.Ready()

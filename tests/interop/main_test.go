@@ -146,12 +146,18 @@ type target struct {
 	name     string
 	size     int64
 	readOnly bool
+	extra    []string // extra server arguments
 	srv      *servers.Server
 }
 
 type targetOpt func(*target)
 
 func readOnly() targetOpt { return func(tg *target) { tg.readOnly = true } }
+
+// serverArgs appends arguments to the server's command line.
+func serverArgs(args ...string) targetOpt {
+	return func(tg *target) { tg.extra = append(tg.extra, args...) }
+}
 
 // newTarget creates a volume of size bytes and starts a server exporting it.
 // The server is stopped in t.Cleanup; for vmsan a non-zero exit on SIGTERM
@@ -202,7 +208,7 @@ func (tg *target) start() {
 	defer cancel()
 	s, err := servers.Start(ctx, serverKind, servers.Options{
 		File: tg.file, Export: tg.name, ReadOnly: tg.readOnly,
-		Binary: vmsanBin, DataDir: tg.dir, LogDir: tg.t.TempDir(),
+		Binary: vmsanBin, DataDir: tg.dir, LogDir: tg.t.TempDir(), ExtraArgs: tg.extra,
 	})
 	if err != nil {
 		tg.t.Fatal(err)

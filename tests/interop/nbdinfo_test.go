@@ -115,6 +115,20 @@ func TestNbdinfo(t *testing.T) {
 		}
 	}
 
+	// --list (NBD_OPT_LIST) names the volume.
+	out = mustRun(t, 30*time.Second, "nbdinfo", "--list", "--json", "nbd://"+tg.srv.Addr)
+	var list nbdinfoJSON
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("nbdinfo --list --json: %v\n%s", err, out)
+	}
+	var names []string
+	for _, x := range list.Exports {
+		names = append(names, x.Name)
+	}
+	if serverKind != servers.NBDKit && !contains(names, tg.name) { // nbdkit lists "" unless told otherwise
+		t.Errorf("nbdinfo --list: exports %q lack %q", names, tg.name)
+	}
+
 	// --map: data where written, holes elsewhere.
 	mustQemuIO(t, tg.uri(), "write -P 0x42 1M 1M", "aio_flush")
 	out = mustRun(t, 30*time.Second, "nbdinfo", "--map", "--json", tg.uri())

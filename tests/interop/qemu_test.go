@@ -3,10 +3,13 @@ package interop
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/vmsan/vmsan/tests/interop/servers"
 )
 
 // qemuIO runs qemu-io with the given -c commands against uri in one
@@ -206,4 +209,31 @@ func mustQemuIOFile(t testing.TB, format, file string, cmds ...string) {
 		args = append(args, "-c", c)
 	}
 	mustRun(t, time.Minute, "qemu-io", append(args, file)...)
+}
+
+// TestUnixSocketListener: vmsan listens on TCP and a Unix socket at once
+// (--listen is repeatable); data written through one is read through the
+// other, by qemu-io and nbdinfo using nbd+unix:// URIs.
+func TestUnixSocketListener(t *testing.T) {
+	t.Parallel()
+	need(t, "qemu-io", "nbdinfo")
+	if serverKind != servers.VMSAN {
+		t.Skip("the anchors are started with a TCP listener only")
+	}
+	// Unix socket paths are limited to 108 bytes: keep it short.
+	sockDir, err := os.MkdirTemp("", "vi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "nbd.sock")
+	tg := newTarget(t, 16*MiB, serverArgs("--listen", "unix:"+sock))
+	unixURI := "nbd+unix:///" + tg.name + "?socket=" + sock
+
+	mustQemuIO(t, unixURI, "write -P 0x3c 0 1M", "aio_flush")
+	mustQemuIO(t, tg.uri(), "read -P 0x3c 0 1M", "write -P 0x3d 1M 1M", "aio_flush")
+	mustQemuIO(t, unixURI, "read -P 0x3d 1M 1M", "read -P 0 2M 1M")
+	if got := strings.TrimSpace(mustRun(t, 30*time.Second, "nbdinfo", "--size", unixURI)); got != fmt.Sprint(16*MiB) {
+		t.Fatalf("nbdinfo --size over the Unix socket: %s, want %d", got, 16*MiB)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,39 +127,69 @@ func buildGuest(t testing.TB) string {
 	return dir
 }
 
+// vmsanEngine is the part of `vmsan status --json` the tests read.
+type vmsanEngine struct {
+	Requests       uint64  `json:"requests"`
+	BackendOps     uint64  `json:"backend_ops"`
+	BytesWritten   uint64  `json:"bytes_written"`
+	MergeRatio     float64 `json:"merge_ratio"`
+	MeanWriteBytes float64 `json:"mean_write_bytes"`
+	Raw            struct {
+		Requests struct{ Write uint64 } `json:"Requests"`
+	} `json:"raw"`
+}
+
+type vmsanStatus struct {
+	Volumes []struct {
+		Name   string       `json:"name"`
+		Engine *vmsanEngine `json:"engine"`
+	} `json:"volumes"`
+	Server json.RawMessage `json:"server"`
+}
+
+// status runs `vmsan status --json` against the target's daemon.
+func status(t testing.TB, tg *target) (*vmsanStatus, error) {
+	t.Helper()
+	r := runCmd(t, 30*time.Second, vmsanBin, "status", "--json", "--data-dir", tg.dir)
+	if r.code != 0 {
+		return nil, fmt.Errorf("vmsan status: exit %d: %s", r.code, strings.TrimSpace(r.stderr))
+	}
+	var st vmsanStatus
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		return nil, fmt.Errorf("vmsan status --json: %v\n%s", err, tail(r.stdout))
+	}
+	return &st, nil
+}
+
+// engineStats returns the engine counters of the target's volume, failing
+// the test if status is unavailable.
+func engineStats(t testing.TB, tg *target) *vmsanEngine {
+	t.Helper()
+	st, err := status(t, tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range st.Volumes {
+		if v.Name == tg.name {
+			return v.Engine
+		}
+	}
+	t.Fatalf("vmsan status lists no volume %q", tg.name)
+	return nil
+}
+
 // logServerStats records what the server saw (request sizes, merging) if the
 // server under test can report it. Seed 002 is about exactly this: whether a
 // guest's sequential 4 KiB writes reach the disk as 4 KiB writes. It logs,
-// never fails: these are observations, the merge guarantee itself is tested
-// in internal/ioengine.
+// never fails: these are observations (TestFioSequential4KMerged asserts).
 func logServerStats(t testing.TB, tg *target) {
 	t.Helper()
 	if serverKind != servers.VMSAN {
 		return
 	}
-	r := runCmd(t, 30*time.Second, vmsanBin, "status", "--json", "--data-dir", tg.dir)
-	if r.code != 0 {
-		t.Logf("vmsan status unavailable (exit %d): %s", r.code, strings.TrimSpace(r.stderr))
-		return
-	}
-	var st struct {
-		Volumes []struct {
-			Name   string `json:"name"`
-			Engine *struct {
-				Requests       uint64  `json:"requests"`
-				BackendOps     uint64  `json:"backend_ops"`
-				BytesWritten   uint64  `json:"bytes_written"`
-				MergeRatio     float64 `json:"merge_ratio"`
-				MeanWriteBytes float64 `json:"mean_write_bytes"`
-				Raw            struct {
-					Requests struct{ Write uint64 } `json:"Requests"`
-				} `json:"raw"`
-			} `json:"engine"`
-		} `json:"volumes"`
-		Server json.RawMessage `json:"server"`
-	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Logf("vmsan status --json: %v\n%s", err, tail(r.stdout))
+	st, err := status(t, tg)
+	if err != nil {
+		t.Logf("%v", err)
 		return
 	}
 	for _, v := range st.Volumes {

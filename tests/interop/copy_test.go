@@ -166,6 +166,28 @@ func TestFioSequential4KMerged(t *testing.T) {
 	if serverKind != servers.VMSAN {
 		t.Skip("engine counters are vmsan's")
 	}
+	// Two attempts on fresh volumes: a load spike on a shared CI machine
+	// can starve fio for a whole run. Broken merging fails both.
+	var e *vmsanEngine
+	for attempt := 1; attempt <= 2; attempt++ {
+		e = seq4KRun(t)
+		if e.MeanWriteBytes > float64(4*KiB) {
+			break
+		}
+		t.Logf("attempt %d: no merging; retrying once", attempt)
+	}
+	if e.MeanWriteBytes <= float64(4*KiB) {
+		t.Fatalf("mean backend write %.0f B: sequential 4 KiB writes at QD32 were not merged at all (seed 002)", e.MeanWriteBytes)
+	}
+	if os.Getenv("VMSAN_STRICT_MERGE") != "" && e.MeanWriteBytes < float64(64*KiB) {
+		t.Fatalf("mean backend write %.0f B < 64 KiB (issue 2's target for QD >= 16)", e.MeanWriteBytes)
+	}
+}
+
+// seq4KRun writes 64 MiB sequentially in 4 KiB requests at QD32 to a fresh
+// volume, verifies it, and returns the engine's counters.
+func seq4KRun(t *testing.T) *vmsanEngine {
+	t.Helper()
 	const size = 64 * MiB
 	tg := newTarget(t, size)
 	r := runCmd(t, 3*time.Minute, "fio", "--name=seq4k", "--ioengine=nbd", "--uri="+tg.uri(),
@@ -184,15 +206,10 @@ func TestFioSequential4KMerged(t *testing.T) {
 	if writes != uint64(size/(4*KiB)) {
 		t.Fatalf("engine saw %d write requests, want %d", writes, size/(4*KiB))
 	}
-	if e.MeanWriteBytes <= float64(4*KiB) {
-		t.Fatalf("mean backend write %.0f B: sequential 4 KiB writes at QD32 were not merged at all (seed 002)", e.MeanWriteBytes)
-	}
-	if os.Getenv("VMSAN_STRICT_MERGE") != "" && e.MeanWriteBytes < float64(64*KiB) {
-		t.Fatalf("mean backend write %.0f B < 64 KiB (issue 2's target for QD >= 16)", e.MeanWriteBytes)
-	}
 	// The data itself: fio's verify headers, read back through a new
 	// connection.
 	mustRun(t, 2*time.Minute, "fio", "--name=seq4k", "--ioengine=nbd", "--uri="+tg.uri(),
 		"--rw=write", "--bs=4k", "--iodepth=32", fmt.Sprintf("--size=%d", size),
 		"--verify=crc32c", "--verify_only", "--verify_fatal=1")
+	return e
 }

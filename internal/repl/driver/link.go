@@ -245,12 +245,30 @@ func (l *link) send(m repl.Message) {
 	}
 }
 
+// close tears the link down without blocking the caller: the senders
+// first write what is queued (bounded by a timeout), then both connections
+// close. Draining matters when the node itself decides to disconnect right
+// after the handshake (split brain, refused): its Hello and bitmap must
+// still reach the peer, or the peer could never reach the same decision
+// and would keep redialing a node that refuses it.
 func (l *link) close() {
 	l.once.Do(func() {
-		l.data.Close()
-		l.ctl.Close()
-		l.dataW.close()
-		l.ctlW.close()
+		l.dataW.drainClose()
+		l.ctlW.drainClose()
+		go func() {
+			t := time.NewTimer(2 * time.Second)
+			defer t.Stop()
+			for _, s := range []*sender{l.dataW, l.ctlW} {
+				select {
+				case <-s.done:
+				case <-t.C:
+				}
+			}
+			l.data.Close()
+			l.ctl.Close()
+			l.dataW.close()
+			l.ctlW.close()
+		}()
 	})
 }
 
@@ -306,15 +324,17 @@ func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(erro
 // sender is a connection's writer: an unbounded FIFO drained by one
 // goroutine through a buffered writer, flushed when the FIFO runs dry.
 type sender struct {
-	mu     sync.Mutex
-	cond   *sync.Cond
-	q      []repl.Message
-	bytes  int64
-	closed bool
+	mu       sync.Mutex
+	cond     *sync.Cond
+	q        []repl.Message
+	bytes    int64
+	closed   bool
+	draining bool          // write what is queued, then stop
+	done     chan struct{} // closed when run returns
 }
 
 func newSender(c net.Conn, fail func(error)) *sender {
-	s := &sender{}
+	s := &sender{done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
 	go s.run(c, fail)
 	return s
@@ -322,6 +342,10 @@ func newSender(c net.Conn, fail func(error)) *sender {
 
 func (s *sender) push(m repl.Message) {
 	s.mu.Lock()
+	if s.draining || s.closed {
+		s.mu.Unlock()
+		return
+	}
 	s.q = append(s.q, m)
 	s.bytes += int64(len(m.Data))
 	s.mu.Unlock()
@@ -331,6 +355,15 @@ func (s *sender) push(m repl.Message) {
 func (s *sender) close() {
 	s.mu.Lock()
 	s.closed = true
+	s.mu.Unlock()
+	s.cond.Broadcast()
+}
+
+// drainClose stops accepting new work: run writes what is queued, flushes
+// and returns (closing done).
+func (s *sender) drainClose() {
+	s.mu.Lock()
+	s.draining = true
 	s.mu.Unlock()
 	s.cond.Broadcast()
 }
@@ -346,11 +379,12 @@ func (s *sender) waitBelow(limit int64) {
 }
 
 func (s *sender) run(c net.Conn, fail func(error)) {
+	defer close(s.done)
 	bw := bufio.NewWriterSize(c, 256<<10)
 	var hdr []byte
 	for {
 		s.mu.Lock()
-		for len(s.q) == 0 && !s.closed {
+		for len(s.q) == 0 && !s.closed && !s.draining {
 			s.mu.Unlock()
 			if err := bw.Flush(); err != nil {
 				fail(err)
@@ -358,12 +392,15 @@ func (s *sender) run(c net.Conn, fail func(error)) {
 				return
 			}
 			s.mu.Lock()
-			if len(s.q) == 0 && !s.closed {
+			if len(s.q) == 0 && !s.closed && !s.draining {
 				s.cond.Wait()
 			}
 		}
-		if s.closed {
+		if s.closed || (s.draining && len(s.q) == 0) {
 			s.mu.Unlock()
+			if !s.closed {
+				bw.Flush()
+			}
 			return
 		}
 		batch := s.q

@@ -99,6 +99,7 @@ type Replica struct {
 }
 
 const (
+	resyncReaders   = 4
 	rxBudgetBytes   = 64 << 20
 	sendBudgetBytes = 64 << 20
 )
@@ -217,11 +218,15 @@ func Start(o Options) (*Replica, error) {
 	r.publish()
 	r.primary.Store(r.node.Status().Role == repl.Primary)
 	r.upToDate.Store(r.node.Status().Disk == repl.UpToDate)
-	r.wg.Add(4)
+	r.wg.Add(3 + resyncReaders)
 	go r.loop()
 	go r.acceptLoop()
 	go r.submitter()
-	go r.resyncReader()
+	// Several resync readers: the node keeps up to ResyncInflight reads in
+	// flight and completions are matched by id, so order does not matter.
+	for i := 0; i < resyncReaders; i++ {
+		go r.resyncReader()
+	}
 	if r.dialer {
 		r.wg.Add(1)
 		go r.dialLoop()

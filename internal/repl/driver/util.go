@@ -7,7 +7,8 @@ import (
 	"github.com/vmsan/vmsan/internal/repl"
 )
 
-// fifo is an unbounded queue with a blocking pop.
+// fifo is an unbounded queue with a blocking pop; safe for several
+// producers and consumers.
 type fifo[T any] struct {
 	mu   sync.Mutex
 	q    []T
@@ -34,7 +35,15 @@ func (f *fifo[T]) pop(stop <-chan struct{}) (T, bool) {
 			var zero T
 			f.q[0] = zero
 			f.q = f.q[1:]
+			more := len(f.q) > 0
 			f.mu.Unlock()
+			if more {
+				// Pass the wake-up on, for queues with several consumers.
+				select {
+				case f.wake <- struct{}{}:
+				default:
+				}
+			}
 			return v, true
 		}
 		f.mu.Unlock()

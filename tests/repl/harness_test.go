@@ -334,7 +334,12 @@ func qemuIOWatch(t *testing.T, uri string, onAck func(n int), cmds ...string) (a
 		args = append(args, "-c", c)
 	}
 	args = append(args, uri)
+	// qemu-io's stdout is block-buffered into a pipe: without line
+	// buffering the acknowledgements would only show up in 4 KiB bursts.
 	cmd := exec.Command("qemu-io", args...)
+	if sb, err := exec.LookPath("stdbuf"); err == nil {
+		cmd = exec.Command(sb, append([]string{"-oL", "qemu-io"}, args...)...)
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

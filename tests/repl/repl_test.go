@@ -45,40 +45,44 @@ func TestLinkFaultsConverge(t *testing.T) {
 		{"reset", func() { p.px.Reset() }, func() {}},
 		{"blackhole", func() { p.px.Blackhole(true) }, func() { p.px.Blackhole(false) }},
 		{"drop", func() { p.px.Drop(true) }, func() { p.px.Drop(false) }},
-		{"delay+bandwidth", func() { p.px.SetDelay(20 * time.Millisecond); p.px.SetBandwidth(4 << 20) }, func() { p.px.SetDelay(0); p.px.SetBandwidth(0) }},
+		{"delay+bandwidth", func() { p.px.SetDelay(20 * time.Millisecond); p.px.SetBandwidth(2 << 20) }, func() { p.px.SetDelay(0); p.px.SetBandwidth(0) }},
 	}
 	for round, f := range faults {
 		pat := 0x10 + round
 		base := int64(round) * (12 << 20)
-		cmds := writes(pat, base, 256<<10, 320<<10, 32)
-		var wg sync.WaitGroup
-		var ioErr error
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, ioErr = qemuIO(t, p.a.uri(), cmds...)
-		}()
-		time.Sleep(100 * time.Millisecond)
-		f.inject()
-		time.Sleep(700 * time.Millisecond) // longer than the 500 ms ping timeout
-		f.restore()
-		wg.Wait()
-		if ioErr != nil {
-			t.Fatalf("round %s: client write failed (the primary must keep serving): %v", f.name, ioErr)
+		cmds := writes(pat, base, 128<<10, 160<<10, 64)
+		// Inject the fault after the 8th acknowledged write, so it lands
+		// mid-stream however fast the machine is; restore 700 ms later
+		// (longer than the 500 ms ping timeout) while writes continue.
+		var restored sync.WaitGroup
+		acked, ioErr := qemuIOWatch(t, p.a.uri(), func(n int) {
+			if n == 8 {
+				f.inject()
+				restored.Add(1)
+				go func() {
+					defer restored.Done()
+					time.Sleep(700 * time.Millisecond)
+					f.restore()
+				}()
+			}
+		}, cmds...)
+		restored.Wait()
+		if ioErr != nil || len(acked) != len(cmds) {
+			t.Fatalf("round %s: %d of %d writes acknowledged (the primary must keep serving): %v", f.name, len(acked), len(cmds), ioErr)
 		}
 		p.waitSynced(t, 60*time.Second)
 		// Every acknowledged write is on the primary...
-		mustIO(t, p.a.uri(), reads(pat, base, 256<<10, 320<<10, 32)...)
+		mustIO(t, p.a.uri(), reads(pat, base, 128<<10, 160<<10, 64)...)
 		sa := p.a.status()
-		t.Logf("round %s: disconnects so far %d, resync sent %d B, zero %d B", f.name, sa.Disconnects, sa.ResyncBytes, sa.ResyncZeroBytes)
+		t.Logf("round %s: disconnects so far %d, resync sent %d B in total", f.name, sa.Disconnects, sa.ResyncBytes)
 	}
 	// ...and the replicas converged byte for byte.
 	mustIO(t, p.a.uri(), "flush")
 	if p.a.rawSum() != p.b.rawSum() {
 		t.Fatal("backing files differ after resync")
 	}
-	if sa := p.a.status(); sa.Disconnects == 0 {
-		t.Fatal("no fault caused a disconnect: the test did not test anything")
+	if sa := p.a.status(); sa.Disconnects == 0 || sa.ResyncBytes == 0 {
+		t.Fatalf("faults caused %d disconnects and %d resync bytes: they did not land mid-stream", sa.Disconnects, sa.ResyncBytes)
 	}
 }
 

@@ -159,3 +159,22 @@ func TestDecideSymmetric(t *testing.T) {
 		}
 	}
 }
+
+// A peer cannot make us read (and allocate) an unbounded range: a hash
+// request outside the volume or above MaxData is a protocol error.
+func TestHashRequestBounded(t *testing.T) {
+	n := NewNode(Config{NodeID: 1, Size: 1 << 20, Rand: func() uint64 { return 7 }}, Meta{Disk: UpToDate, Clean: true}, nil, nil)
+	n.Listen()
+	n.Connect()
+	n.Ready()
+	n.Step(Message{Type: MsgHello, Data: EncodeHello(Hello{NodeID: 2, Size: 1 << 20, Disk: UpToDate})})
+	n.Step(Message{Type: MsgBitmap, Flags: FlagLast})
+	if st := n.Status().Conn; st != Connected {
+		t.Fatalf("conn %v", st)
+	}
+	n.Step(Message{Type: MsgVerifyReq, Offset: 0, Length: 1 << 40, Data: make([]byte, HashSize)})
+	rd := n.Ready()
+	if len(rd.Reads) != 0 || rd.Disconnect == "" {
+		t.Fatalf("oversized verify request: reads %v, disconnect %q", rd.Reads, rd.Disconnect)
+	}
+}

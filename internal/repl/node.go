@@ -939,6 +939,10 @@ func (n *Node) step(m Message) error {
 		if m.Type == MsgRSHash && n.conn != SyncTarget || m.Type == MsgVerifyReq && n.conn != VerifyTarget {
 			return fmt.Errorf("%v while %v", m.Type, n.conn)
 		}
+		// We will read (and the driver allocate) Length bytes: bound it.
+		if m.Length <= 0 || m.Length > MaxData || m.Offset > n.cfg.Size-m.Length {
+			return ErrOutOfRange
+		}
 		n.nextID++
 		m.Data = append([]byte(nil), m.Data...)
 		n.cmp[n.nextID] = m

@@ -293,6 +293,20 @@ func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(erro
 			fail(err)
 			return
 		}
+		if m.Type.Control() == isData {
+			// Control frames carry no payload; keeping each type on its
+			// own connection keeps every payload under the rx budget.
+			fail(fmt.Errorf("repl: %v on the wrong connection", m.Type))
+			return
+		}
+		if isData && n > 0 {
+			// Bound what is received but not yet processed. Applied data
+			// is released when its write completes, the rest when the
+			// loop has handled it.
+			if !r.rxAcquire(int64(n)) {
+				return
+			}
+		}
 		if n > 0 {
 			// A fresh buffer per frame: the node keeps the payload until
 			// it is applied.
@@ -305,13 +319,6 @@ func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(erro
 		if pong != nil && m.Type == repl.MsgPing {
 			pong.push(repl.Message{Type: repl.MsgPingAck})
 			continue
-		}
-		if isData && (m.Type == repl.MsgData || m.Type == repl.MsgRSData || m.Type == repl.MsgRSZero) {
-			if m.Op != repl.OpFlush {
-				if !r.rxAcquire(int64(len(m.Data))) {
-					return
-				}
-			}
 		}
 		select {
 		case r.events <- event{kind: evMsg, epoch: epoch, msg: m}:

@@ -314,6 +314,10 @@ func (r *Replica) handle(ev event) {
 		if r.link != nil && ev.epoch == r.link.epoch {
 			r.node.Step(ev.msg)
 		}
+		if t := ev.msg.Type; t != repl.MsgData && t != repl.MsgRSData && len(ev.msg.Data) > 0 {
+			// Not applied through the engine: done with its payload now.
+			r.rxRelease(int64(len(ev.msg.Data)))
+		}
 	case evLinkErr:
 		if r.link != nil && ev.epoch == r.link.epoch {
 			r.log.Warn("replication link lost", "err", ev.err)

@@ -377,3 +377,36 @@ func TestResyncRateAndProgress(t *testing.T) {
 	a.do(ioengine.OpFlush, 0, nil, 0)
 	waitFor(t, "equal", 10*time.Second, func() bool { return a.sum() == b.sum() })
 }
+
+// A secondary that already holds data at its first start is not assumed
+// equal to the primary: the handshake refuses (unrelated data) instead.
+func TestSecondaryWithDataIsNotAssumedFresh(t *testing.T) {
+	aAddr, bAddr := freeAddr(t), freeAddr(t)
+	base := t.TempDir()
+	for _, d := range []string{"a", "b"} {
+		os.MkdirAll(filepath.Join(base, d), 0o755)
+	}
+	bPath := filepath.Join(base, "b", "vol.raw")
+	if err := backend.CreateFile(bPath, 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(bPath, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt(pattern(3, 4096), 1<<20)
+	f.Close()
+	common := Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}
+	sa, sb := common, common
+	sa.Listen, sa.Peer, sa.NodeID, sa.Role, sa.Dial = aAddr, bAddr, 1, "primary", "yes"
+	sb.Listen, sb.Peer, sb.NodeID, sb.Role, sb.Dial = bAddr, aAddr, 2, "secondary", "no"
+	a := newNode(t, filepath.Join(base, "a"), 8<<20, sa, nil)
+	b := newNode(t, filepath.Join(base, "b"), 8<<20, sb, nil)
+	t.Cleanup(func() { a.stop(); b.stop() })
+	waitFor(t, "refusal", 10*time.Second, func() bool {
+		return a.r.Status().Conn == "StandAlone" && b.r.Status().Conn == "StandAlone"
+	})
+	if d := b.r.Status().Decision; d != "unrelated" {
+		t.Fatalf("decision %q, want unrelated", d)
+	}
+}

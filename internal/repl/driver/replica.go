@@ -174,6 +174,13 @@ func Start(o Options) (*Replica, error) {
 		if s.Role == "primary" {
 			// A primary from the start owns the data it has: UpToDate.
 			m.Disk = repl.UpToDate
+		} else if hasData(o.Device) {
+			// Generation 0 means "fresh, all zero" and two such replicas
+			// connect without syncing. A secondary that already holds data
+			// must not claim that: give it a generation of its own, so the
+			// handshake refuses (unrelated data) instead of assuming the
+			// replicas are equal. The operator then decides which to keep.
+			m.Gens.Current = randGen()
 		}
 	}
 	cfg := repl.Config{
@@ -232,6 +239,20 @@ func Start(o Options) (*Replica, error) {
 		go r.dialLoop()
 	}
 	return r, nil
+}
+
+// hasData reports whether any block of the device is allocated.
+func hasData(d export.Device) bool {
+	exts, err := d.Extents(0, d.Info().Size)
+	if err != nil {
+		return true // unknown: do not claim "fresh"
+	}
+	for _, e := range exts {
+		if !e.Hole && !e.Zero {
+			return true
+		}
+	}
+	return false
 }
 
 func randGen() uint64 {

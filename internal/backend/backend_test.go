@@ -14,28 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/testutil"
 )
-
-// diskDir returns a temp dir on a disk filesystem (not tmpfs), because
-// O_DIRECT and hole punching behave differently on tmpfs.
-func diskDir(t *testing.T) string {
-	t.Helper()
-	d := t.TempDir()
-	var st unix.Statfs_t
-	if err := unix.Statfs(d, &st); err == nil && st.Type != unix.TMPFS_MAGIC {
-		return d
-	}
-	d, err := os.MkdirTemp("/var/tmp", "vmsan-backend-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(d) })
-	return d
-}
 
 func openNew(t *testing.T, mode backend.CacheMode, size int64) (*backend.File, string) {
 	t.Helper()
-	p := filepath.Join(diskDir(t), "vol.raw")
+	p := filepath.Join(testutil.DiskTempDir(t), "vol.raw")
 	if err := backend.CreateFile(p, size); err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +289,7 @@ func TestFileResize(t *testing.T) {
 }
 
 func TestOpenFileErrors(t *testing.T) {
-	dir := diskDir(t)
+	dir := testutil.DiskTempDir(t)
 	if _, err := backend.OpenFile(filepath.Join(dir, "nope"), backend.CacheWriteback, false); !errors.Is(err, syscall.ENOENT) {
 		t.Fatalf("open missing: %v", err)
 	}

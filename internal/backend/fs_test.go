@@ -3,63 +3,12 @@ package backend_test
 import (
 	"bytes"
 	"errors"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/testutil"
 )
-
-// needTool fails in CI (a missing tool there is a broken environment) and
-// skips locally.
-func needTool(t *testing.T, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s not installed (required in CI): %v", name, err)
-		}
-		t.Skipf("%s not installed", name)
-	}
-}
-
-// loopMount formats a sparse image with mkfs, loop-mounts it and returns the
-// mount point; t.Cleanup undoes it.
-func loopMount(t *testing.T, mkfs string, size int64, args ...string) string {
-	t.Helper()
-	needTool(t, mkfs)
-	needTool(t, "mount")
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("loop mounts need root in CI")
-		}
-		t.Skip("loop mounts need root")
-	}
-	img := filepath.Join(diskDir(t), "fs.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, size); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(mkfs, append(args, img)...).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", mkfs, err, out)
-	}
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("mount -o loop: %v\n%s", err, out)
-		}
-		t.Skipf("mount -o loop: %v\n%s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-			exec.Command("umount", "-l", mnt).Run()
-			t.Errorf("umount %s: %v\n%s", mnt, err, out)
-		}
-	})
-	return mnt
-}
 
 // TestFilesystems runs the backend on ext4, xfs and btrfs (the seeds compare
 // them): random operations against a model in writeback and cache=none, and
@@ -75,7 +24,7 @@ func TestFilesystems(t *testing.T) {
 		{"mkfs.btrfs", 256 << 20, []string{"-q", "-f"}},
 	} {
 		t.Run(fs.mkfs[5:], func(t *testing.T) {
-			mnt := loopMount(t, fs.mkfs, fs.size, fs.args...)
+			mnt := testutil.LoopMount(t, fs.mkfs, fs.size, fs.args...)
 			for i, mode := range []backend.CacheMode{backend.CacheWriteback, backend.CacheNone} {
 				p := filepath.Join(mnt, string(mode)+".raw")
 				if err := backend.CreateFile(p, 8<<20); err != nil {

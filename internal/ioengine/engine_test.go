@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -14,27 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/backend/backendtest"
 	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 func fileBackend(t testing.TB, size int64, mode backend.CacheMode) *backend.File {
 	t.Helper()
-	dir := t.TempDir()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.TMPFS_MAGIC {
-		// O_DIRECT needs a disk filesystem.
-		d, err := os.MkdirTemp("/var/tmp", "vmsan-ioengine-test-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(d) })
-		dir = d
-	}
-	p := filepath.Join(dir, "vol.raw")
+	// O_DIRECT needs a disk filesystem.
+	p := filepath.Join(testutil.DiskTempDir(t), "vol.raw")
 	if err := backend.CreateFile(p, size); err != nil {
 		t.Fatal(err)
 	}

@@ -91,6 +91,11 @@ type Apply struct {
 	Data   []byte
 	FUA    bool
 	NoHole bool // OpZero: keep allocated (else the range may be trimmed)
+	// Received: Data is a payload the driver handed over with Step (a
+	// peer's stream or resync data), not a client's buffer. The node does
+	// not read it again once LocalDone reports this apply, so the driver
+	// may recycle the buffer then.
+	Received bool
 }
 
 // Read is a local read for resync/verify; report with ReadDone.
@@ -1035,7 +1040,8 @@ func (n *Node) rxData(m Message, resync bool) error {
 	}
 	n.nextID++
 	// m.Data aliases the driver's receive buffer; the driver hands over
-	// ownership with Step (it allocates a fresh buffer per data frame).
+	// ownership with Step and may recycle it once LocalDone reports the
+	// apply (Apply.Received).
 	it := &rxItem{id: n.nextID, m: m, resync: resync}
 	n.rx = append(n.rx, it)
 	n.rxByID[it.id] = it
@@ -1081,7 +1087,7 @@ func (n *Node) drainRx() {
 			}
 		}
 		it.submitted = true
-		a := Apply{ID: it.id, Offset: it.m.Offset, Length: it.m.Length, FUA: it.m.Flags&FlagFUA != 0, NoHole: it.m.Flags&FlagNoHole != 0}
+		a := Apply{ID: it.id, Offset: it.m.Offset, Length: it.m.Length, FUA: it.m.Flags&FlagFUA != 0, NoHole: it.m.Flags&FlagNoHole != 0, Received: true}
 		switch it.m.Type {
 		case MsgRSData:
 			a.Op, a.Data = OpWrite, it.m.Data

@@ -345,7 +345,11 @@ func pairB(b *testing.B, size int64) (*node, *node) {
 // with a percentage, a measured rate and an ETA.
 func TestResyncRateAndProgress(t *testing.T) {
 	a, b := pairWith(t, 32<<20, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500, ResyncRate: 4 << 20}, nil, nil)
-	waitFor(t, "connect", 10*time.Second, func() bool { return connected(a)() && a.r.Status().OutOfSync == 0 })
+	// Wait for the initial sync to have finished on both sides (a's
+	// out-of-sync count is also 0 just before the handshake decides).
+	waitFor(t, "connect", 10*time.Second, func() bool {
+		return connected(a)() && a.r.Status().OutOfSync == 0 && b.r.Status().Disk == "UpToDate" && a.r.Status().PeerDisk == "UpToDate"
+	})
 	if err := b.r.Disconnect(); err != nil {
 		t.Fatal(err)
 	}

@@ -308,9 +308,14 @@ func (r *Replica) readConn(epoch uint64, c net.Conn, isData bool, fail func(erro
 			}
 		}
 		if n > 0 {
-			// A fresh buffer per frame: the node keeps the payload until
-			// it is applied.
-			m.Data = make([]byte, n)
+			// Ownership passes to the node with Step; stream data comes
+			// back to the pool when its apply completes (Apply.Received),
+			// anything else is left to the GC.
+			if m.Type == repl.MsgData || m.Type == repl.MsgRSData {
+				m.Data = getRxBuf(n)
+			} else {
+				m.Data = make([]byte, n)
+			}
 			if _, err := io.ReadFull(br, m.Data); err != nil {
 				fail(fmt.Errorf("read: %w", err))
 				return

@@ -86,6 +86,7 @@ type Replica struct {
 	upToDate atomic.Bool
 	lastPub  pubKey // loop only
 	dialer   bool
+	protoA   bool
 
 	statusMu sync.Mutex
 	status   Status
@@ -202,6 +203,7 @@ func Start(o Options) (*Replica, error) {
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 		dialer:  s.Dial == "yes" || (s.Dial != "no" && s.Listen < s.Peer),
+		protoA:  proto == repl.ProtoA,
 	}
 	r.rxCond = sync.NewCond(&r.rxMu)
 	r.comp.init()
@@ -359,6 +361,14 @@ func (r *Replica) propose(req *ioengine.Request) {
 	switch req.Op {
 	case ioengine.OpWrite:
 		w.Op, w.Data = repl.OpWrite, req.Data
+		if r.protoA {
+			// Under protocol A the client is answered once the write is
+			// locally durable, possibly before the sender has written the
+			// payload to the socket; front ends recycle their buffers
+			// after the reply, so the stream needs its own copy. (B and
+			// C answer only after the peer has received the data.)
+			w.Data = append([]byte(nil), req.Data...)
+		}
 	case ioengine.OpTrim:
 		w.Op = repl.OpTrim
 	case ioengine.OpWriteZeroes:
@@ -442,6 +452,9 @@ func (r *Replica) drainCompletions() {
 			r.rxRelease(c.bytes)
 		}
 		r.node.LocalDone(c.id, c.err)
+		if c.rxBuf != nil {
+			putRxBuf(c.rxBuf)
+		}
 	}
 }
 
@@ -476,8 +489,12 @@ func (r *Replica) submitter() {
 			req.Op = ioengine.OpFlush
 		}
 		bytes := int64(len(a.Data))
+		var rxBuf []byte
+		if a.Received {
+			rxBuf = a.Data
+		}
 		req.Done = func(q *ioengine.Request) {
-			r.comp.push(completion{id: q.Cookie, err: q.Err, bytes: bytes})
+			r.comp.push(completion{id: q.Cookie, err: q.Err, bytes: bytes, rxBuf: rxBuf})
 		}
 		r.dev.Submit(req)
 	}

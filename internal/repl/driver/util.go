@@ -62,6 +62,7 @@ type completion struct {
 	bytes  int64
 	read   bool
 	pieces []repl.ReadPiece
+	rxBuf  []byte // a received payload to recycle once the node has seen the completion
 }
 
 // compQueue collects completions from engine callbacks without ever
@@ -133,4 +134,50 @@ func zeroHash(length int64) [repl.HashSize]byte {
 		zeroCache[length] = h
 	}
 	return h
+}
+
+// Receive buffers are pooled by power-of-two size class (4 KiB .. 32 MiB):
+// a secondary under a 4 KiB random-write stream would otherwise allocate
+// (and the GC scan) one buffer per replicated write.
+const (
+	rxMinClassLog = 12
+	rxMaxClassLog = 25
+)
+
+var rxPools [rxMaxClassLog - rxMinClassLog + 1]sync.Pool
+
+func rxClass(n int) int {
+	c := 0
+	for 1<<(c+rxMinClassLog) < n {
+		c++
+	}
+	return c
+}
+
+// getRxBuf returns a buffer of length n, pooled when n fits a class.
+func getRxBuf(n int) []byte {
+	c := rxClass(n)
+	if c >= len(rxPools) {
+		return make([]byte, n)
+	}
+	if p, ok := rxPools[c].Get().(*[]byte); ok {
+		return (*p)[:n]
+	}
+	return make([]byte, n, 1<<(c+rxMinClassLog))
+}
+
+// putRxBuf recycles a buffer from getRxBuf.
+//
+// REQUIRES: nothing references b any more (for a stream apply: its
+// LocalDone has been reported to the node).
+func putRxBuf(b []byte) {
+	if cap(b) == 0 {
+		return
+	}
+	c := rxClass(cap(b))
+	if c >= len(rxPools) || cap(b) != 1<<(c+rxMinClassLog) {
+		return
+	}
+	b = b[:0]
+	rxPools[c].Put(&b)
 }

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 func TestParseSize(t *testing.T) {
@@ -166,41 +166,6 @@ func devNull(t *testing.T) *os.File {
 	return f
 }
 
-// diskDir returns a temporary directory on a disk filesystem (not tmpfs)
-// that accepts O_DIRECT: the test temp dir, else one under /var/tmp, else
-// one in the package directory.
-func diskDir(t *testing.T) string {
-	t.Helper()
-	ok := func(d string) bool {
-		if fs := fsType(d); fs == "tmpfs" || fs == "ramfs" || fs == "overlayfs" {
-			return false
-		}
-		p := filepath.Join(d, ".odirect-probe")
-		f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR|unix.O_DIRECT, 0o600)
-		if err != nil {
-			return false
-		}
-		f.Close()
-		os.Remove(p)
-		return true
-	}
-	if d := t.TempDir(); ok(d) {
-		return d
-	}
-	for _, parent := range []string{"/var/tmp", "."} {
-		d, err := os.MkdirTemp(parent, "vmsan-bench-test")
-		if err != nil {
-			continue
-		}
-		t.Cleanup(func() { os.RemoveAll(d) })
-		if ok(d) {
-			return d
-		}
-	}
-	t.Fatal("no disk filesystem with O_DIRECT found for the test (tried the temp dir, /var/tmp and the package dir)")
-	return ""
-}
-
 func quickOpts(profile string) Options {
 	return Options{Profile: profile, Passes: 1, PassTime: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, Area: 8 << 20,
 		BonnieSize: 8 << 20, ChrSize: 64 << 10, Seeks: 200, Samples: 5, SampleSize: 1 << 20, AccessReads: 50, WriteTest: true, Seed: 42,
@@ -209,7 +174,7 @@ func quickOpts(profile string) Options {
 
 func TestFileTargetSafety(t *testing.T) {
 	ctx := context.Background()
-	dir := diskDir(t)
+	dir := testutil.DiskTempDir(t)
 	// A directory: a scratch file is created inside and removed on Close.
 	tg, err := OpenTarget(ctx, dir, TargetOptions{Size: 4 << 20})
 	if err != nil {
@@ -276,7 +241,7 @@ func TestFileTargetSafety(t *testing.T) {
 // with O_DIRECT is not.
 func TestCacheFlag(t *testing.T) {
 	ctx := context.Background()
-	dir := diskDir(t)
+	dir := testutil.DiskTempDir(t)
 	for _, direct := range []bool{false, true} {
 		tg, err := OpenTarget(ctx, filepath.Join(dir, "c.img"), TargetOptions{Size: 16 << 20, Direct: direct})
 		if err != nil {
@@ -311,7 +276,7 @@ func TestCacheFlag(t *testing.T) {
 
 func TestRunnerCountsAndLatency(t *testing.T) {
 	ctx := context.Background()
-	tg, err := OpenTarget(ctx, filepath.Join(diskDir(t), "r.img"), TargetOptions{Size: 4 << 20})
+	tg, err := OpenTarget(ctx, filepath.Join(testutil.DiskTempDir(t), "r.img"), TargetOptions{Size: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +316,7 @@ func TestRunnerCountsAndLatency(t *testing.T) {
 // TestExecute drives the CLI logic end to end on a scratch file: JSON on
 // stdout, the result file, the plot, and a too-large scratch file refused.
 func TestExecute(t *testing.T) {
-	dir := diskDir(t)
+	dir := testutil.DiskTempDir(t)
 	outPath := filepath.Join(dir, "stdout.json")
 	stdout, err := os.Create(outPath)
 	if err != nil {

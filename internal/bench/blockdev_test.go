@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 // loopDevice attaches img to a free loop device; it skips (with the
@@ -15,7 +17,7 @@ import (
 // unprivileged container.
 func loopDevice(t *testing.T, img string) string {
 	t.Helper()
-	need(t, "losetup")
+	testutil.NeedTool(t, "losetup")
 	if os.Geteuid() != 0 {
 		t.Skip("loop devices need root")
 	}
@@ -32,9 +34,9 @@ func loopDevice(t *testing.T, img string) string {
 // writing even with --force; an unmounted device holding a filesystem needs
 // --force; a blank device is benchmarked, with its queue settings recorded.
 func TestBlockDeviceSafety(t *testing.T) {
-	need(t, "mkfs.ext4")
+	testutil.NeedTool(t, "mkfs.ext4")
 	ctx := context.Background()
-	dir := diskDir(t)
+	dir := testutil.DiskTempDir(t)
 	img := filepath.Join(dir, "dev.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)

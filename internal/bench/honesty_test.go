@@ -17,17 +17,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-func need(t *testing.T, tool string) {
-	t.Helper()
-	if _, err := exec.LookPath(tool); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s not installed (required in CI)", tool)
-		}
-		t.Skipf("%s not installed", tool)
-	}
-}
+	"github.com/vmsan/vmsan/internal/testutil"
+)
 
 // fioMBps runs one fio job and returns its read bandwidth in MB/s.
 func fioMBps(t *testing.T, file, rw string, bs, qd int, secs float64) float64 {
@@ -85,8 +77,8 @@ func median(v []float64) float64 {
 // 3), and every attempt is logged. A systematic error (wrong byte count, wrong clock, a missing
 // queue depth) misses on every attempt.
 func TestFioParity(t *testing.T) {
-	need(t, "fio")
-	dir := diskDir(t)
+	testutil.NeedTool(t, "fio")
+	dir := testutil.DiskTempDir(t)
 	file := filepath.Join(dir, "parity.img")
 	const size = 256 << 20
 	tg, err := OpenTarget(context.Background(), file, TargetOptions{Size: size, Direct: true})
@@ -151,7 +143,7 @@ func TestFioParity(t *testing.T) {
 // what the server received.
 func startNbdkit(t *testing.T, size string) (uri, logPath string, stop func()) {
 	t.Helper()
-	need(t, "nbdkit")
+	testutil.NeedTool(t, "nbdkit")
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "s")
 	logPath = filepath.Join(dir, "log")

@@ -19,20 +19,9 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/internal/volume"
 )
-
-// needTool fails in CI, where a missing tool is a broken environment, and
-// skips locally.
-func needTool(t *testing.T, name string) {
-	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s not installed (required in CI): %v", name, err)
-		}
-		t.Skipf("%s not installed", name)
-	}
-}
 
 // syncBuffer is a bytes.Buffer safe for the daemon goroutine to write while
 // the test reads.
@@ -140,7 +129,7 @@ func nbdSize(t *testing.T, uri string) int64 {
 // served on TCP and the Unix socket, and the banner prints the exact QEMU
 // options for the real port.
 func TestServeDefault(t *testing.T) {
-	needTool(t, "nbdinfo")
+	testutil.NeedTool(t, "nbdinfo")
 	dir := t.TempDir()
 	r := start(t, dir, nil)
 	port := r.d.NBDAddrs()[0].(*net.TCPAddr).Port
@@ -261,8 +250,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // socket while the daemon runs (so exports are respected), then directly on
 // the directory after it stops.
 func TestVolumeOpsThroughDaemon(t *testing.T) {
-	needTool(t, "nbdinfo")
-	needTool(t, "qemu-io")
+	testutil.NeedTool(t, "nbdinfo")
+	testutil.NeedTool(t, "qemu-io")
 	dir := t.TempDir()
 	r := start(t, dir, func(c *config.Config) { c.NoDefaultVolume = true })
 
@@ -372,7 +361,7 @@ func TestVolumeOpsThroughDaemon(t *testing.T) {
 // TestDataSurvivesRestart writes patterns with qemu-io, restarts the daemon,
 // and reads them back; it also checks metrics count the writes.
 func TestDataSurvivesRestart(t *testing.T) {
-	needTool(t, "qemu-io")
+	testutil.NeedTool(t, "qemu-io")
 	dir := t.TempDir()
 	r := start(t, dir, func(c *config.Config) {
 		c.NoDefaultVolume = true
@@ -474,8 +463,8 @@ func TestLongDataDir(t *testing.T) {
 // TestReadOnlyVolume: a read-only volume is advertised read-only and a
 // write through a real client fails without changing data.
 func TestReadOnlyVolume(t *testing.T) {
-	needTool(t, "qemu-io")
-	needTool(t, "nbdinfo")
+	testutil.NeedTool(t, "qemu-io")
+	testutil.NeedTool(t, "nbdinfo")
 	dir := t.TempDir()
 	// Put data in the volume while it is still writable.
 	r := start(t, dir, func(c *config.Config) {
@@ -509,8 +498,8 @@ func TestReadOnlyVolume(t *testing.T) {
 // live volume through the control socket: refused while a client is
 // connected, applied (by reopening) when idle, data kept.
 func TestUpdateSettings(t *testing.T) {
-	needTool(t, "qemu-io")
-	needTool(t, "nbdinfo")
+	testutil.NeedTool(t, "qemu-io")
+	testutil.NeedTool(t, "nbdinfo")
 	dir := t.TempDir()
 	r := start(t, dir, func(c *config.Config) {
 		c.NoDefaultVolume = true
@@ -555,7 +544,7 @@ func TestUpdateSettings(t *testing.T) {
 // reported and skipped; the others are served, and no default volume is
 // created over the top of it.
 func TestCorruptVolumeDoesNotStopDaemon(t *testing.T) {
-	needTool(t, "nbdinfo")
+	testutil.NeedTool(t, "nbdinfo")
 	dir := t.TempDir()
 	s, err := volume.Open(dir)
 	if err != nil {
@@ -582,7 +571,7 @@ func TestCorruptVolumeDoesNotStopDaemon(t *testing.T) {
 // TestDamagedRawFile: a volume whose raw file is not a regular file is not
 // exported, and does not stop the store or the daemon.
 func TestDamagedRawFile(t *testing.T) {
-	needTool(t, "nbdinfo")
+	testutil.NeedTool(t, "nbdinfo")
 	dir := t.TempDir()
 	s, err := volume.Open(dir)
 	if err != nil {

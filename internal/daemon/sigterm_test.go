@@ -15,13 +15,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 // TestSIGTERMDrain runs the real binary, sends SIGTERM while qemu-io is in
 // the middle of a stream of 1 MiB writes, and checks that the daemon exits 0
 // and that every write qemu-io saw acknowledged is in the volume file.
 func TestSIGTERMDrain(t *testing.T) {
-	needTool(t, "qemu-io")
+	testutil.NeedTool(t, "qemu-io")
 	bin := buildBinary(t)
 	dir := t.TempDir()
 	var stdout, stderr bytes.Buffer

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -22,7 +23,7 @@ func TestSoakDaemon(t *testing.T) {
 	if os.Getenv("VMSAN_SOAK") == "" {
 		t.Skip("soak test: set VMSAN_SOAK=1 (make soak)")
 	}
-	needTool(t, "fio")
+	testutil.NeedTool(t, "fio")
 	dur := 5 * time.Minute
 	if s := os.Getenv("VMSAN_SOAK_DURATION"); s != "" {
 		d, err := time.ParseDuration(s)

@@ -15,24 +15,14 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/nbd/proto"
+	"github.com/vmsan/vmsan/internal/testutil"
 )
-
-// need skips locally, or fails in CI, when an external tool is missing.
-func need(t *testing.T, tool string) {
-	t.Helper()
-	if _, err := exec.LookPath(tool); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s not installed (required in CI)", tool)
-		}
-		t.Skipf("%s not installed", tool)
-	}
-}
 
 // startServer runs cmd (which must create the Unix socket sock) and waits
 // for the socket to accept connections.
 func startServer(t *testing.T, sock string, name string, args ...string) {
 	t.Helper()
-	need(t, name)
+	testutil.NeedTool(t, name)
 	cmd := exec.Command(name, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -210,7 +200,7 @@ func TestOutOfOrderReplies(t *testing.T) {
 }
 
 func TestTrimZeroBlockStatusQemuNBD(t *testing.T) {
-	need(t, "qemu-nbd")
+	testutil.NeedTool(t, "qemu-nbd")
 	dir := t.TempDir()
 	img := filepath.Join(dir, "disk.raw")
 	f, err := os.Create(img)

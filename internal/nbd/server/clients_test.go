@@ -2,16 +2,10 @@ package server
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -24,6 +18,7 @@ import (
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
+	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 const clientSize = 64 << 20
@@ -62,7 +57,7 @@ func run(t *testing.T, name string, args ...string) (string, error) {
 }
 
 func TestNbdinfo(t *testing.T) {
-	needTool(t, "nbdinfo")
+	testutil.NeedTool(t, "nbdinfo")
 	_, addr, _ := realServer(t, Config{})
 	uri := "nbd://" + addr + "/disk"
 	out, err := run(t, "nbdinfo", "--json", uri)
@@ -117,9 +112,9 @@ func TestNbdinfo(t *testing.T) {
 }
 
 func TestQemuIOAndMap(t *testing.T) {
-	needTool(t, "qemu-io")
-	needTool(t, "nbdinfo")
-	needTool(t, "qemu-img")
+	testutil.NeedTool(t, "qemu-io")
+	testutil.NeedTool(t, "nbdinfo")
+	testutil.NeedTool(t, "qemu-img")
 	_, addr, disk := realServer(t, Config{})
 	uri := "nbd://" + addr + "/disk"
 	cmds := []string{
@@ -172,7 +167,7 @@ func TestQemuIOAndMap(t *testing.T) {
 }
 
 func TestUnixSocket(t *testing.T) {
-	needTool(t, "nbdinfo")
+	testutil.NeedTool(t, "nbdinfo")
 	disk := exporttest.NewMemDevice(t, "disk", 1<<20)
 	srv := New(Config{Registry: exporttest.NewRegistry(disk)})
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
@@ -188,64 +183,12 @@ func TestUnixSocket(t *testing.T) {
 	}
 }
 
-// writeCerts writes ca-cert.pem, server-cert.pem/key, client-cert.pem/key
-// into dir (the layout nbdkit, qemu and libnbd expect).
-func writeCerts(t *testing.T, dir string) (*x509.CertPool, tls.Certificate) {
-	t.Helper()
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	writePEM := func(name, typ string, der []byte) {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	now := time.Now()
-	caKey := newKey()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "vmsan test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	writePEM("ca-cert.pem", "CERTIFICATE", caDER)
-	issue := func(serial int64, cn string, usage x509.ExtKeyUsage, prefix string) tls.Certificate {
-		k := newKey()
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			DNSNames: []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kd, _ := x509.MarshalPKCS8PrivateKey(k)
-		writePEM(prefix+"-cert.pem", "CERTIFICATE", der)
-		writePEM(prefix+"-key.pem", "PRIVATE KEY", kd)
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-	}
-	srvCert := issue(2, "localhost", x509.ExtKeyUsageServerAuth, "server")
-	issue(3, "client", x509.ExtKeyUsageClientAuth, "client")
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	return pool, srvCert
-}
-
 func TestTLS(t *testing.T) {
-	needTool(t, "nbdinfo")
-	needTool(t, "qemu-img")
+	testutil.NeedTool(t, "nbdinfo")
+	testutil.NeedTool(t, "qemu-img")
 	dir := t.TempDir()
-	pool, cert := writeCerts(t, dir)
+	certs := testutil.WriteTLSCerts(t, dir)
+	pool, cert := certs.CAPool, certs.Server
 	tcfg := &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
 	for _, mode := range []TLSMode{TLSRequired, TLSOptional, TLSOff} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -286,7 +229,8 @@ var _ export.Registry = (*exporttest.Registry)(nil)
 // and in required mode nothing but STARTTLS/ABORT is served before it.
 func TestSTARTTLSResetsState(t *testing.T) {
 	dir := t.TempDir()
-	pool, cert := writeCerts(t, dir)
+	certs := testutil.WriteTLSCerts(t, dir)
+	pool, cert := certs.CAPool, certs.Server
 	ccert, err := tls.LoadX509KeyPair(filepath.Join(dir, "client-cert.pem"), filepath.Join(dir, "client-key.pem"))
 	if err != nil {
 		t.Fatal(err)
@@ -341,7 +285,7 @@ func TestSTARTTLSResetsState(t *testing.T) {
 // (CAN_MULTI_CONN) and compares. nbdcopy caps connections at --threads,
 // which defaults to the number of CPUs, hence --threads=4.
 func TestNbdcopyMultiConn(t *testing.T) {
-	needTool(t, "nbdcopy")
+	testutil.NeedTool(t, "nbdcopy")
 	srv, addr, _ := realServer(t, Config{})
 	dir := t.TempDir()
 	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -126,19 +124,6 @@ func startServer(t *testing.T, cfg Config) (*Server, string) {
 		}
 	})
 	return srv, l.Addr().String()
-}
-
-// needTool returns the path of an external tool; missing is fatal in CI.
-func needTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s not installed (required in CI)", name)
-		}
-		t.Skipf("%s not installed", name)
-	}
-	return p
 }
 
 // rawClient is a hand-driven NBD client for protocol tests.

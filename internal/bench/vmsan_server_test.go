@@ -2,14 +2,13 @@ package bench
 
 import (
 	"context"
-	"net"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/nbd/server/servertest"
 )
 
 // TestVmsanServerProfiles runs every profile against vmsan's own NBD server
@@ -20,18 +19,7 @@ func TestVmsanServerProfiles(t *testing.T) {
 	for _, prof := range Profiles {
 		t.Run(prof, func(t *testing.T) {
 			dev := exporttest.NewFileDevice(t, "default", 32<<20, backend.CacheWriteback)
-			srv := server.New(server.Config{Registry: exporttest.NewRegistry(dev)})
-			sock := filepath.Join(t.TempDir(), "v.sock")
-			ln, err := net.Listen("unix", sock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			go srv.Serve(ln)
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				srv.Shutdown(ctx)
-			})
+			srv, sock := servertest.ServeUnix(t, server.Config{Registry: exporttest.NewRegistry(dev)})
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			tg, err := OpenTarget(ctx, "nbd+unix:///default?socket="+sock, TargetOptions{})

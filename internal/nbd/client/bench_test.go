@@ -2,13 +2,11 @@ package client
 
 import (
 	"context"
-	"net"
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/export/exporttest"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/nbd/server/servertest"
 )
 
 // BenchmarkReadAt4K measures pipelined 4 KiB reads (b.RunParallel keeps
@@ -17,18 +15,7 @@ import (
 // cost, without a disk.
 func BenchmarkReadAt4K(b *testing.B) {
 	dev := exporttest.NewMemDevice(b, "m", 64<<20)
-	srv := server.New(server.Config{Registry: exporttest.NewRegistry(dev)})
-	sock := filepath.Join(b.TempDir(), "b.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		b.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	}()
+	_, sock := servertest.ServeUnix(b, server.Config{Registry: exporttest.NewRegistry(dev)})
 	c, err := Dial(context.Background(), "nbd+unix:///m?socket="+sock, nil)
 	if err != nil {
 		b.Fatal(err)

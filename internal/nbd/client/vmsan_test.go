@@ -2,18 +2,15 @@ package client
 
 import (
 	"bytes"
-	"context"
-	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/nbd/server/servertest"
 )
 
 // TestVmsanServer exercises the client against vmsan's own server over its
@@ -21,18 +18,7 @@ import (
 // block status after a trim, and write-zeroes.
 func TestVmsanServer(t *testing.T) {
 	dev := exporttest.NewFileDevice(t, "vol", 16<<20, backend.CacheWriteback)
-	srv := server.New(server.Config{Registry: exporttest.NewRegistry(dev)})
-	sock := filepath.Join(t.TempDir(), "v.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
+	_, sock := servertest.ServeUnix(t, server.Config{Registry: exporttest.NewRegistry(dev)})
 	// An unknown export is refused during NBD_OPT_GO with the server's reason.
 	if c, err := Dial(t.Context(), "nbd+unix:///nope?socket="+sock, nil); err == nil {
 		c.Close()

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vmsan/vmsan/internal/bench"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 func init() {
@@ -41,7 +42,7 @@ See docs/bench.md.`,
 			var err error
 			parseSz := func(name, v string, dst *int64) {
 				if err == nil && v != "" {
-					if *dst, err = bench.ParseSize(v); err != nil {
+					if *dst, err = volume.ParseSize(v); err != nil {
 						err = fmt.Errorf("--%s: %w", name, err)
 					}
 				}

@@ -16,24 +16,6 @@ import (
 	"github.com/vmsan/vmsan/internal/testutil"
 )
 
-func TestParseSize(t *testing.T) {
-	cases := map[string]int64{
-		"4096": 4096, "4k": 4096, "8KiB": 8192, "1M": 1 << 20, "1MiB": 1 << 20, "20G": 20 << 30,
-		"1MB": 1_000_000, "1GB": 1_000_000_000, "1.5k": 1536, "2T": 2 << 40,
-	}
-	for in, want := range cases {
-		got, err := ParseSize(in)
-		if err != nil || got != want {
-			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "x", "-1", "10Q", "1e30G"} {
-		if _, err := ParseSize(bad); err == nil {
-			t.Errorf("ParseSize(%q): want error", bad)
-		}
-	}
-}
-
 // synthetic builds a result with known byte counts so every number in every
 // output format can be predicted.
 func synthetic(profile string, bytesPerSec int64) *Result {

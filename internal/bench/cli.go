@@ -186,52 +186,6 @@ func CompareRows(names []string, rs []*Result) []CompareRow {
 	return out
 }
 
-// ParseSize parses sizes such as 4096, 4k, 8KiB, 512M, 20G, 1T. Units are
-// binary (k = 1024), as fio and bonnie++ take them; "KB", "MB", "GB" with a
-// capital B and no i mean decimal (10^3...), as CrystalDiskMark labels them.
-func ParseSize(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return 0, errors.New("empty size")
-	}
-	i := 0
-	for i < len(s) && (s[i] >= '0' && s[i] <= '9' || s[i] == '.') {
-		i++
-	}
-	num, unit := s[:i], s[i:]
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	mult := float64(1)
-	switch unit {
-	case "", "b", "B":
-	case "k", "K", "KiB", "kiB", "Ki":
-		mult = 1 << 10
-	case "m", "M", "MiB", "Mi":
-		mult = 1 << 20
-	case "g", "G", "GiB", "Gi":
-		mult = 1 << 30
-	case "t", "T", "TiB", "Ti":
-		mult = 1 << 40
-	case "kB", "KB":
-		mult = 1e3
-	case "MB":
-		mult = 1e6
-	case "GB":
-		mult = 1e9
-	case "TB":
-		mult = 1e12
-	default:
-		return 0, fmt.Errorf("bad size unit in %q (want k, M, G, T, KiB.. for binary or KB, MB, GB for decimal)", s)
-	}
-	r := v * mult
-	if r > 1<<62 {
-		return 0, fmt.Errorf("size %q too large", s)
-	}
-	return int64(r), nil
-}
-
 // ParseDuration accepts Go durations ("500ms", "5s") or plain seconds ("5").
 func ParseDuration(s string) (time.Duration, error) {
 	if f, err := strconv.ParseFloat(s, 64); err == nil {

@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // fileTarget is a regular file or a block device, accessed with
@@ -56,7 +58,7 @@ func openFile(path string, o TargetOptions) (Target, error) {
 		var sf unix.Statfs_t
 		if err := unix.Statfs(filepath.Dir(path), &sf); err == nil {
 			if free := int64(sf.Bavail) * int64(sf.Bsize); free < o.Size {
-				return nil, fmt.Errorf("bench: %s has %s free, the scratch file needs %s; give a smaller --size", filepath.Dir(path), humanBytes(free), humanBytes(o.Size))
+				return nil, fmt.Errorf("bench: %s has %s free, the scratch file needs %s; give a smaller --size", filepath.Dir(path), volume.HumanSize(free), volume.HumanSize(o.Size))
 			}
 		}
 	}

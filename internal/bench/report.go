@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // PrintTable writes the human table for res in its profile's traditional
@@ -30,7 +32,7 @@ func PrintTable(w io.Writer, res *Result) {
 			fmt.Fprint(w, ", TLS")
 		}
 	}
-	fmt.Fprintf(w, ", %s)\n", humanBytes(res.Target.Size))
+	fmt.Fprintf(w, ", %s)\n", volume.HumanSize(res.Target.Size))
 	switch res.Profile {
 	case ProfileCDM:
 		printCDM(w, res)
@@ -162,7 +164,7 @@ func printGnome(w io.Writer, res *Result) {
 		printGeneric(w, res)
 		return
 	}
-	fmt.Fprintf(w, "GNOME Disks-style benchmark: %d samples of %s, MB/s = 1,000,000 bytes/s\n", len(g.Samples), humanBytes(g.SampleSize))
+	fmt.Fprintf(w, "GNOME Disks-style benchmark: %d samples of %s, MB/s = 1,000,000 bytes/s\n", len(g.Samples), volume.HumanSize(g.SampleSize))
 	fmt.Fprintf(w, "Min Read: %.1f MB/s\nMax Read: %.1f MB/s\nAvg Read: %.1f MB/s\n", g.MinRead, g.MaxRead, g.AvgRead)
 	if g.AvgWrite > 0 {
 		fmt.Fprintf(w, "Min Write: %.1f MB/s\nMax Write: %.1f MB/s\nAvg Write: %.1f MB/s\n", g.MinWrite, g.MaxWrite, g.AvgWrite)
@@ -188,18 +190,6 @@ func printGeneric(w io.Writer, res *Result) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "(MB/s: 1 MB = 1,000,000 bytes; MiB/s: 1 MiB = 1,048,576 bytes)")
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 // Compare prints the rows of several results side by side with the change

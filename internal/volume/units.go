@@ -11,12 +11,16 @@ import (
 //
 // The convention is QEMU's (qemu-img create 20G): a single-letter suffix
 // K, M, G, T, P, E (case-insensitive) is binary (G = GiB = 2^30), as are the
-// explicit IEC suffixes KiB, MiB, GiB, TiB, PiB, EiB. The two-letter SI
+// explicit IEC suffixes KiB, MiB, GiB, TiB, PiB, EiB (or Ki, Mi, ... as fio
+// takes them). The two-letter SI
 // suffixes KB, MB, GB, TB, PB, EB are decimal (GB = 10^9), because that is
 // what they mean on a disk label. A trailing "B" alone, or no suffix, means
 // bytes. Fractions are allowed ("1.5G") as long as the result is a whole
 // number of bytes. Negative numbers, overflow and unknown suffixes are
 // errors.
+//
+// It is the one size parser of the project: the CLI (volume sizes, bench
+// block sizes), the config file and the control API all use it.
 func ParseSize(s string) (int64, error) {
 	orig := s
 	s = strings.TrimSpace(s)
@@ -63,17 +67,17 @@ func unitMultiplier(u string) (uint64, bool) {
 	switch strings.ToLower(u) {
 	case "", "b":
 		return 1, true
-	case "k", "kib":
+	case "k", "ki", "kib":
 		return 1 << 10, true
-	case "m", "mib":
+	case "m", "mi", "mib":
 		return 1 << 20, true
-	case "g", "gib":
+	case "g", "gi", "gib":
 		return 1 << 30, true
-	case "t", "tib":
+	case "t", "ti", "tib":
 		return 1 << 40, true
-	case "p", "pib":
+	case "p", "pi", "pib":
 		return 1 << 50, true
-	case "e", "eib":
+	case "e", "ei", "eib":
 		return 1 << 60, true
 	case "kb":
 		return 1e3, true

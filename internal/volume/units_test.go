@@ -25,6 +25,15 @@ func TestParseSize(t *testing.T) {
 		{" 10G ", 10 << 30},
 		{"10 G", 10 << 30},
 		{"7E", 7 << 60},
+		// Forms `vmsan bench` took from fio/bonnie++ habits.
+		{"4k", 4096},
+		{"8KiB", 8192},
+		{"1M", 1 << 20},
+		{"1.5k", 1536},
+		{"2T", 2 << 40},
+		{"4Ki", 4096},
+		{"2Mi", 2 << 20},
+		{"1kiB", 1024},
 	}
 	for _, c := range ok {
 		got, err := ParseSize(c.in)
@@ -32,7 +41,7 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", c.in, got, err, c.want)
 		}
 	}
-	bad := []string{"", "G", "-1G", "10X", "1.2.3G", "0.1B", "16E", "99999999999999999999", "1e3", "10 GBs", "abc"}
+	bad := []string{"", "G", "-1G", "10X", "1.2.3G", "0.1B", "16E", "99999999999999999999", "1e3", "10 GBs", "abc", "x", "-1", "10Q", "1e30G"}
 	for _, in := range bad {
 		if got, err := ParseSize(in); err == nil {
 			t.Errorf("ParseSize(%q) = %d, want error", in, got)

@@ -15,6 +15,7 @@ import (
 
 func init() {
 	daemon.RegisterPlugin(driver.NewPlugin)
+	daemon.RegisterDeleteHooks(driver.DeleteHooks)
 
 	var dataDir string
 	rc := &cobra.Command{

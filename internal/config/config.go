@@ -23,6 +23,7 @@
 //	    cache: none
 //	    rotational: true
 //	    engine: {workers: 8}
+//	    replication: {listen: 10.0.0.1:7789, peer: 10.0.0.2:7789, role: primary}
 //
 // Sizes take units as described at volume.ParseSize (G = GiB).
 //
@@ -38,12 +39,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -144,6 +147,138 @@ type Volume struct {
 	Description string `yaml:"description,omitempty"`
 	BlockSize   uint32 `yaml:"block_size,omitempty"` // logical block size
 	Engine      Engine `yaml:"engine,omitempty"`
+	// Replication, when set, replicates the volume to a peer vmsan node
+	// (see docs/replication.md). Applied at daemon start.
+	Replication *Replication `yaml:"replication,omitempty"`
+}
+
+// Replication configures a volume's replication to one peer node. Listen
+// and Peer are required; everything else has the defaults shown.
+//
+//	replication:
+//	  listen: 10.0.0.1:7789         # this node's replication address
+//	  peer: 10.0.0.2:7789           # the other node's
+//	  role: primary                 # role at the very first start (default secondary)
+//	  protocol: C                   # A, B or C
+//	  ping_interval: 1s
+//	  ping_timeout: 6s              # silence before the peer is declared dead
+//	  ko_timeout: 10s               # a replicated write unacknowledged this long drops the peer
+//	  resync_rate: 100M             # bytes per second (0: unlimited)
+//	  split_brain_policy: disconnect
+type Replication struct {
+	Listen   string `yaml:"listen"`
+	Peer     string `yaml:"peer"`
+	Role     string `yaml:"role,omitempty"`
+	Protocol string `yaml:"protocol,omitempty"`
+	// Dial: auto (the lower listen address dials), yes or no; set it when
+	// peer is a proxy or NAT address.
+	Dial          string   `yaml:"dial,omitempty"`
+	PingInterval  Duration `yaml:"ping_interval,omitempty"`
+	PingTimeout   Duration `yaml:"ping_timeout,omitempty"`
+	KoTimeout     Duration `yaml:"ko_timeout,omitempty"`
+	ResyncRate    Size     `yaml:"resync_rate,omitempty"`
+	ResyncMinRate Size     `yaml:"resync_min_rate,omitempty"`
+	SplitBrain    string   `yaml:"split_brain_policy,omitempty"`
+	Checksum      bool     `yaml:"checksum_resync,omitempty"`
+}
+
+// Replication defaults (DRBD's are similar: ping-int 10 s, ping-timeout
+// 0.5 s, ko-count 7 × timeout 6 s; ours favour detecting a dead peer
+// within seconds on a LAN).
+const (
+	DefaultPingInterval = time.Second
+	DefaultPingTimeout  = 6 * time.Second
+	DefaultKoTimeout    = 10 * time.Second
+)
+
+// WithDefaults returns r with zero fields set to their defaults.
+func (r Replication) WithDefaults() Replication {
+	if r.Role == "" {
+		r.Role = "secondary"
+	}
+	if r.Protocol == "" {
+		r.Protocol = "C"
+	}
+	if r.Dial == "" {
+		r.Dial = "auto"
+	}
+	if r.PingInterval == 0 {
+		r.PingInterval = Duration(DefaultPingInterval)
+	}
+	if r.PingTimeout == 0 {
+		r.PingTimeout = Duration(DefaultPingTimeout)
+	}
+	if r.KoTimeout == 0 {
+		r.KoTimeout = Duration(DefaultKoTimeout)
+	}
+	if r.SplitBrain == "" {
+		r.SplitBrain = "disconnect"
+	}
+	return r
+}
+
+// validate returns one message per problem, each prefixed with where.
+func (r Replication) validate(where string) []string {
+	var errs []string
+	add := func(f string, a ...any) { errs = append(errs, where+"."+fmt.Sprintf(f, a...)) }
+	r = r.WithDefaults()
+	for _, a := range []struct{ key, v string }{{"listen", r.Listen}, {"peer", r.Peer}} {
+		if a.v == "" {
+			add("%s: required (HOST:PORT)", a.key)
+		} else if err := validateHostPort(a.v); err != nil {
+			add("%s %q: %v", a.key, a.v, err)
+		}
+	}
+	if r.Listen != "" && r.Listen == r.Peer {
+		add("peer %q: must differ from listen", r.Peer)
+	}
+	switch r.Role {
+	case "primary", "secondary":
+	default:
+		add("role %q: want primary or secondary", r.Role)
+	}
+	if _, err := repl.ParseProtocol(r.Protocol); err != nil {
+		add("protocol %q: want A, B or C", r.Protocol)
+	}
+	switch r.Dial {
+	case "auto", "yes", "no":
+	default:
+		add("dial %q: want auto, yes or no", r.Dial)
+	}
+	if _, err := repl.ParseSplitBrainPolicy(r.SplitBrain); err != nil {
+		add("split_brain_policy %q: want disconnect, discard-zero-changes, discard-younger-primary or discard-least-changes", r.SplitBrain)
+	}
+	pi, pt, ko := time.Duration(r.PingInterval), time.Duration(r.PingTimeout), time.Duration(r.KoTimeout)
+	if pi < 10*time.Millisecond || pi > time.Minute {
+		add("ping_interval %v: want 10ms..1m", pi)
+	}
+	if pt <= pi || pt > 10*time.Minute {
+		add("ping_timeout %v: want more than ping_interval (%v) and at most 10m", pt, pi)
+	}
+	if ko < 10*time.Millisecond || ko > time.Hour {
+		add("ko_timeout %v: want 10ms..1h", ko)
+	}
+	if r.ResyncRate < 0 || r.ResyncMinRate < 0 {
+		add("resync_rate/resync_min_rate: must not be negative")
+	}
+	if r.ResyncMinRate > 0 && (r.ResyncRate == 0 || r.ResyncMinRate > r.ResyncRate) {
+		add("resync_min_rate %d: needs resync_rate set and at least as large", r.ResyncMinRate)
+	}
+	return errs
+}
+
+// validateHostPort checks a TCP HOST:PORT with a numeric port 1..65535
+// (the peer must be able to dial it, so port 0 is refused).
+func validateHostPort(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("want HOST:PORT: %v", err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q: want 1..65535", port)
+	}
+	return nil
 }
 
 // Config is the whole daemon configuration.
@@ -324,6 +459,21 @@ func (c *Config) Validate() error {
 			add("%s (%s).cache: %v", where, v.Name, err)
 		}
 		validateEngine(where+".", v.Engine)
+		if v.Replication != nil {
+			errs = append(errs, v.Replication.validate(fmt.Sprintf("%s (%s).replication", where, v.Name))...)
+		}
+	}
+	// Two replicated volumes cannot share a listen address (each has its
+	// own listener).
+	listens := map[string]string{}
+	for _, v := range c.Volumes {
+		if v.Replication == nil || v.Replication.Listen == "" {
+			continue
+		}
+		if o, ok := listens[v.Replication.Listen]; ok {
+			add("volumes (%s).replication.listen %q: also used by volume %s", v.Name, v.Replication.Listen, o)
+		}
+		listens[v.Replication.Listen] = v.Name
 	}
 	if len(errs) > 0 {
 		return errors.New("invalid configuration:\n  " + strings.Join(errs, "\n  "))

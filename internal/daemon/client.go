@@ -220,5 +220,18 @@ func (o directOps) Update(name string, s Settings) (VolumeInfo, error) {
 	return o.vi(m), err
 }
 
-func (o directOps) Delete(name string, force bool) error { return o.s.Delete(name, force) }
-func (o directOps) Close() error                         { return o.s.Close() }
+func (o directOps) Delete(name string, force bool) error {
+	if _, err := o.s.Get(name); err != nil {
+		return err
+	}
+	if err := checkDeleteHooks(o.s.Dir(), name, force); err != nil {
+		return err
+	}
+	if err := o.s.Delete(name, force); err != nil {
+		return err
+	}
+	runDeletedHooks(o.s.Dir(), name)
+	return nil
+}
+
+func (o directOps) Close() error { return o.s.Close() }

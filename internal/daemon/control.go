@@ -287,6 +287,9 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 	defer d.mu.Unlock()
 	v := (*d.vols.Load())[name]
 	if v != nil {
+		if err := checkDeleteHooks(d.cfg.DataDir, name, force); err != nil {
+			return err
+		}
 		v.deleting.Store(true) // see registry.Open's INVARIANT
 	}
 	if err := d.store.Delete(name, force); err != nil {
@@ -302,6 +305,14 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 			v.close()
 		}
 	}
+	// Plugins let go of the volume (their references keep it open until
+	// then), then per-volume state on disk goes.
+	for _, p := range d.plugins {
+		if pd, ok := p.(VolumeDeleter); ok {
+			pd.VolumeDeleted(name)
+		}
+	}
+	runDeletedHooks(d.cfg.DataDir, name)
 	d.log.Info("volume deleted", "volume", name, "force", force)
 	return nil
 }

@@ -104,6 +104,47 @@ type Plugin interface {
 	Stop() error
 }
 
+// VolumeDeleter is implemented by plugins that hold a volume open or keep
+// live per-volume state: VolumeDeleted runs after a (forced) delete
+// removed the volume, to stop using it. It runs before the DeleteHooks'
+// Deleted, which remove on-disk state.
+type VolumeDeleter interface {
+	VolumeDeleted(name string)
+}
+
+// DeleteHooks keep other subsystems' per-volume state (replication's
+// <data_dir>/repl/<volume>) consistent with volume deletion, with or
+// without a running daemon. Check may refuse a delete with a clear error
+// (it sees force); Deleted runs once the volume is gone.
+type DeleteHooks struct {
+	Check   func(dataDir, name string, force bool) error
+	Deleted func(dataDir, name string)
+}
+
+var deleteHooks []DeleteHooks
+
+// RegisterDeleteHooks adds delete hooks. Call from init only.
+func RegisterDeleteHooks(h DeleteHooks) { deleteHooks = append(deleteHooks, h) }
+
+func checkDeleteHooks(dataDir, name string, force bool) error {
+	for _, h := range deleteHooks {
+		if h.Check != nil {
+			if err := h.Check(dataDir, name, force); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func runDeletedHooks(dataDir, name string) {
+	for _, h := range deleteHooks {
+		if h.Deleted != nil {
+			h.Deleted(dataDir, name)
+		}
+	}
+}
+
 // PluginFactory builds a plugin for a daemon's configuration; it returns
 // nil, nil when the plugin has nothing to do.
 type PluginFactory func(cfg config.Config, log *slog.Logger) (Plugin, error)

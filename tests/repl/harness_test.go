@@ -70,6 +70,7 @@ type node struct {
 	dir      string
 	nbd      string
 	replAddr string
+	config   string // if set, started with --config
 	cmd      *exec.Cmd
 	exited   chan struct{}
 }
@@ -89,7 +90,11 @@ func (n *node) start() {
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	n.cmd = exec.Command(vmsanBin, "serve", "--data-dir", n.dir, "--listen", n.nbd)
+	args := []string{"serve", "--data-dir", n.dir, "--listen", n.nbd}
+	if n.config != "" {
+		args = append(args, "--config", n.config)
+	}
+	n.cmd = exec.Command(vmsanBin, args...)
 	n.cmd.Stdout, n.cmd.Stderr = logf, logf
 	if err := n.cmd.Start(); err != nil {
 		n.t.Fatal(err)

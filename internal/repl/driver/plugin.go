@@ -9,11 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // Plugin runs replication inside a vmsan daemon: one Replica per volume
@@ -31,18 +34,28 @@ type Plugin struct {
 	log     *slog.Logger
 
 	mu       sync.Mutex
-	replicas map[string]*Replica
-	devs     []export.Device
+	replicas  map[string]*Replica
+	devByName map[string]export.Device
 }
 
-// NewPlugin is a daemon.PluginFactory. It returns nil when no volume is
-// configured for replication.
+// NewPlugin is a daemon.PluginFactory. Volumes with a replication section
+// in the daemon configuration get their settings written first (the file
+// wins over `vmsan repl configure`; the node id is kept). It returns nil
+// when no volume is configured for replication.
 func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
+	for _, v := range cfg.Volumes {
+		if v.Replication == nil {
+			continue
+		}
+		if _, err := Configure(cfg.DataDir, v.Name, SettingsFromConfig(*v.Replication)); err != nil {
+			return nil, fmt.Errorf("replication of %s: %w", v.Name, err)
+		}
+	}
 	dirs, _ := filepath.Glob(filepath.Join(cfg.DataDir, "repl", "*", "config.json"))
 	if len(dirs) == 0 {
 		return nil, nil
 	}
-	return &Plugin{dataDir: cfg.DataDir, log: log, replicas: map[string]*Replica{}}, nil
+	return &Plugin{dataDir: cfg.DataDir, log: log, replicas: map[string]*Replica{}, devByName: map[string]export.Device{}}, nil
 }
 
 // Start opens every configured replica.
@@ -56,6 +69,12 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 			return fmt.Errorf("replication of %s: %w", name, err)
 		}
 		dev, err := open(name)
+		if errors.Is(err, export.ErrNotFound) {
+			// State left from a volume deleted before deletes removed it:
+			// not a reason to refuse to serve the other volumes.
+			p.log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", dir)
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("replication of %s: volume: %w", name, err)
 		}
@@ -66,7 +85,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		}
 		p.mu.Lock()
 		p.replicas[name] = r
-		p.devs = append(p.devs, dev)
+		p.devByName[name] = dev
 		p.mu.Unlock()
 		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
 	}
@@ -144,10 +163,10 @@ func (p *Plugin) Stop() error {
 			errs = append(errs, fmt.Errorf("replication of %s: %w", name, err))
 		}
 	}
-	for _, d := range p.devs {
+	for _, d := range p.devByName {
 		d.Release()
 	}
-	p.devs = nil
+	clear(p.devByName)
 	return errors.Join(errs...)
 }
 
@@ -173,4 +192,66 @@ func Configure(dataDir, volume string, s Settings) (Settings, error) {
 		s.NodeID = randGen()
 	}
 	return s, SaveSettings(dir, s)
+}
+
+// SettingsFromConfig converts a config file's replication section (times
+// as durations) to Settings (times in ticks). The tick is a tenth of the
+// ping interval, between 10 ms and 100 ms, so every timeout keeps at
+// least ten ticks of resolution.
+func SettingsFromConfig(c config.Replication) Settings {
+	c = c.WithDefaults()
+	tick := min(max(time.Duration(c.PingInterval)/10, 10*time.Millisecond), 100*time.Millisecond)
+	ticks := func(d time.Duration) int { return max(1, int((d+tick-1)/tick)) }
+	return Settings{
+		Listen: c.Listen, Peer: c.Peer, Protocol: strings.ToUpper(c.Protocol), Role: c.Role,
+		SplitBrain: c.SplitBrain, Dial: c.Dial,
+		TickMillis:    int(tick / time.Millisecond),
+		PingInterval:  ticks(time.Duration(c.PingInterval)),
+		PingTimeout:   ticks(time.Duration(c.PingTimeout)),
+		KoTicks:       ticks(time.Duration(c.KoTimeout)),
+		ALRetireTicks: ticks(5 * time.Second),
+		ResyncRate:    int64(c.ResyncRate),
+		ResyncMinRate: int64(c.ResyncMinRate),
+		Checksum:      c.Checksum,
+	}
+}
+
+// VolumeDeleted stops a deleted volume's replica and lets go of its
+// device (daemon.VolumeDeleter); DeleteHooks then remove its state.
+func (p *Plugin) VolumeDeleted(name string) {
+	p.mu.Lock()
+	r := p.replicas[name]
+	delete(p.replicas, name)
+	dev := p.devByName[name]
+	delete(p.devByName, name)
+	p.mu.Unlock()
+	if r == nil {
+		return
+	}
+	if err := r.Close(); err != nil {
+		p.log.Warn("replication of a deleted volume stopped with an error", "volume", name, "err", err)
+	}
+	if dev != nil {
+		dev.Release()
+	}
+	p.log.Info("replication stopped: volume deleted", "volume", name)
+}
+
+// DeleteHooks keep replication state in step with volume deletion
+// (register with daemon.RegisterDeleteHooks). A replicated volume is only
+// deleted with force: its replication state (generations, bitmap) goes
+// with it, and the peer keeps its copy and its own configuration.
+var DeleteHooks = daemon.DeleteHooks{
+	Check: func(dataDir, name string, force bool) error {
+		s, err := LoadSettings(Dir(dataDir, name))
+		if err != nil || force {
+			return nil
+		}
+		return fmt.Errorf("volume %s is replicated (peer %s): deleting it also deletes its replication state; "+
+			"use --force to delete both (the peer keeps its copy; remove the volume's replication section from the config file too, or it is set up again at the next start): %w",
+			name, s.Peer, volume.ErrInUse)
+	},
+	Deleted: func(dataDir, name string) {
+		os.RemoveAll(Dir(dataDir, name))
+	},
 }

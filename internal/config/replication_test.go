@@ -1,0 +1,89 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReplicationParse(t *testing.T) {
+	c, err := Parse([]byte(`
+volumes:
+  - name: vm1
+    size: 1G
+    replication:
+      listen: 10.0.0.1:7789
+      peer: 10.0.0.2:7789
+      role: primary
+      protocol: A
+      ping_interval: 500ms
+      ping_timeout: 3s
+      ko_timeout: 7s
+      resync_rate: 100M
+      resync_min_rate: 10M
+      split_brain_policy: discard-younger-primary
+      checksum_resync: true
+  - name: vm2
+    size: 1G
+    replication: {listen: "[::1]:7790", peer: "[::1]:7791"}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := *c.Volumes[0].Replication
+	if r.Listen != "10.0.0.1:7789" || r.Peer != "10.0.0.2:7789" || r.Role != "primary" || r.Protocol != "A" ||
+		time.Duration(r.PingInterval) != 500*time.Millisecond || time.Duration(r.PingTimeout) != 3*time.Second ||
+		time.Duration(r.KoTimeout) != 7*time.Second || r.ResyncRate != 100<<20 || r.ResyncMinRate != 10<<20 ||
+		r.SplitBrain != "discard-younger-primary" || !r.Checksum {
+		t.Fatalf("parsed %+v", r)
+	}
+	d := c.Volumes[1].Replication.WithDefaults()
+	if d.Role != "secondary" || d.Protocol != "C" || d.Dial != "auto" || d.SplitBrain != "disconnect" ||
+		time.Duration(d.PingInterval) != DefaultPingInterval || time.Duration(d.PingTimeout) != DefaultPingTimeout ||
+		time.Duration(d.KoTimeout) != DefaultKoTimeout {
+		t.Fatalf("defaults %+v", d)
+	}
+	if c.Volumes[1].Replication.Protocol != "" {
+		t.Fatal("defaults must not be written back into the parsed config")
+	}
+}
+
+// Every bad value is reported, with the volume and key, in one error.
+func TestReplicationValidate(t *testing.T) {
+	cases := []struct{ repl, want string }{
+		{`{peer: 10.0.0.2:7789}`, "replication.listen: required"},
+		{`{listen: 10.0.0.1:7789}`, "replication.peer: required"},
+		{`{listen: 10.0.0.1, peer: 10.0.0.2:7789}`, `replication.listen "10.0.0.1": want HOST:PORT`},
+		{`{listen: 10.0.0.1:0, peer: 10.0.0.2:7789}`, `port "0": want 1..65535`},
+		{`{listen: 10.0.0.1:7789, peer: "10.0.0.2:http"}`, `port "http"`},
+		{`{listen: 10.0.0.1:7789, peer: 10.0.0.1:7789}`, "must differ from listen"},
+		{`{listen: a:1, peer: b:2, protocol: D}`, `protocol "D": want A, B or C`},
+		{`{listen: a:1, peer: b:2, role: master}`, `role "master": want primary or secondary`},
+		{`{listen: a:1, peer: b:2, dial: maybe}`, `dial "maybe"`},
+		{`{listen: a:1, peer: b:2, split_brain_policy: discard-everything}`, `split_brain_policy "discard-everything"`},
+		{`{listen: a:1, peer: b:2, ping_interval: 1s, ping_timeout: 1s}`, "ping_timeout 1s: want more than ping_interval"},
+		{`{listen: a:1, peer: b:2, ping_interval: 1ms}`, "ping_interval 1ms"},
+		{`{listen: a:1, peer: b:2, ko_timeout: 2h}`, "ko_timeout 2h0m0s"},
+		{`{listen: a:1, peer: b:2, resync_min_rate: 10M}`, "resync_min_rate"},
+		{`{listen: a:1, peer: b:2, resync_rate: 10M, resync_min_rate: 20M}`, "resync_min_rate"},
+	}
+	for _, c := range cases {
+		_, err := Parse([]byte("volumes:\n  - name: vm1\n    size: 1G\n    replication: " + c.repl + "\n"))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "(vm1)") {
+			t.Errorf("%s: got %v, want an error with %q", c.repl, err, c.want)
+		}
+	}
+	// Unknown keys are errors like everywhere else in the file.
+	if _, err := Parse([]byte("volumes:\n  - name: vm1\n    size: 1G\n    replication: {listen: a:1, peer: b:2, protocl: A}\n")); err == nil || !strings.Contains(err.Error(), "protocl") {
+		t.Errorf("typo in a replication key: %v", err)
+	}
+	// Two volumes cannot listen on one address.
+	_, err := Parse([]byte(`
+volumes:
+  - {name: a, size: 1G, replication: {listen: "h:1", peer: "p:1"}}
+  - {name: b, size: 1G, replication: {listen: "h:1", peer: "p:2"}}
+`))
+	if err == nil || !strings.Contains(err.Error(), "also used by volume a") {
+		t.Errorf("shared listen address: %v", err)
+	}
+}

@@ -14,22 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/backend/backendtest"
 	"github.com/vmsan/vmsan/internal/testutil"
 )
-
-func openNew(t *testing.T, mode backend.CacheMode, size int64) (*backend.File, string) {
-	t.Helper()
-	p := filepath.Join(testutil.DiskTempDir(t), "vol.raw")
-	if err := backend.CreateFile(p, size); err != nil {
-		t.Fatal(err)
-	}
-	f, err := backend.OpenFile(p, mode, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f, p
-}
 
 var modes = []backend.CacheMode{backend.CacheNone, backend.CacheWritethrough, backend.CacheWriteback, backend.CacheUnsafe}
 
@@ -141,7 +128,7 @@ func TestMemConformance(t *testing.T) {
 func TestFileConformance(t *testing.T) {
 	for _, m := range modes {
 		t.Run(string(m), func(t *testing.T) {
-			f, _ := openNew(t, m, 8<<20)
+			f, _ := backendtest.NewFile(t, 8<<20, m)
 			steps := 600
 			if m == backend.CacheWritethrough || m == backend.CacheNone {
 				steps = 200 // every write is a device flush
@@ -155,7 +142,7 @@ func TestFileConformance(t *testing.T) {
 func TestFileReopen(t *testing.T) {
 	for _, m := range modes {
 		t.Run(string(m), func(t *testing.T) {
-			f, p := openNew(t, m, 1<<20)
+			f, p := backendtest.NewFile(t, 1<<20, m)
 			want := bytes.Repeat([]byte("vmsan!"), 1000)
 			if err := f.WritevAt([][]byte{want[:1000], want[1000:]}, 12345, true); err != nil {
 				t.Fatal(err)
@@ -183,7 +170,7 @@ func TestFileReopen(t *testing.T) {
 }
 
 func TestFilePunchHoleExtents(t *testing.T) {
-	f, _ := openNew(t, backend.CacheWriteback, 4<<20)
+	f, _ := backendtest.NewFile(t, 4<<20, backend.CacheWriteback)
 	data := bytes.Repeat([]byte{0xAB}, 2<<20)
 	if err := f.WritevAt([][]byte{data}, 1<<20, false); err != nil {
 		t.Fatal(err)
@@ -224,7 +211,7 @@ func TestFilePunchHoleExtents(t *testing.T) {
 }
 
 func TestFileWriteZeroes(t *testing.T) {
-	f, _ := openNew(t, backend.CacheWriteback, 4<<20)
+	f, _ := backendtest.NewFile(t, 4<<20, backend.CacheWriteback)
 	data := bytes.Repeat([]byte{0xCD}, 4<<20)
 	if err := f.WritevAt([][]byte{data}, 0, false); err != nil {
 		t.Fatal(err)
@@ -262,7 +249,7 @@ func TestFileWriteZeroes(t *testing.T) {
 }
 
 func TestFileResize(t *testing.T) {
-	f, p := openNew(t, backend.CacheWriteback, 1<<20)
+	f, p := backendtest.NewFile(t, 1<<20, backend.CacheWriteback)
 	if err := f.WritevAt([][]byte{bytes.Repeat([]byte{1}, 1<<20)}, 0, false); err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +327,7 @@ func TestDirectOnTmpfs(t *testing.T) {
 // one block do not overlap, so the engine may issue them concurrently; the
 // backend must not lose any of them.
 func TestDirectConcurrentPartialBlocks(t *testing.T) {
-	f, _ := openNew(t, backend.CacheNone, 64<<10)
+	f, _ := backendtest.NewFile(t, 64<<10, backend.CacheNone)
 	if f.Alignment() < 512 {
 		t.Fatalf("cache=none alignment %d, want >= 512", f.Alignment())
 	}

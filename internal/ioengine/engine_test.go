@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,21 +15,11 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/backend/backendtest"
 	"github.com/vmsan/vmsan/internal/ioengine"
-	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 func fileBackend(t testing.TB, size int64, mode backend.CacheMode) *backend.File {
 	t.Helper()
-	// O_DIRECT needs a disk filesystem.
-	p := filepath.Join(testutil.DiskTempDir(t), "vol.raw")
-	if err := backend.CreateFile(p, size); err != nil {
-		t.Fatal(err)
-	}
-	f, err := backend.OpenFile(p, mode, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
+	f, _ := backendtest.NewFile(t, size, mode)
 	return f
 }
 

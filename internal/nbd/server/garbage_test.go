@@ -11,6 +11,28 @@ import (
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 )
 
+// feed serves one connection over net.Pipe, writes in as the client (while
+// draining whatever the server replies), closes the client side and reports
+// whether ServeConn returned within 10 s.
+func feed(srv *Server, in []byte) bool {
+	cc, sc := net.Pipe()
+	done := make(chan struct{})
+	go func() {
+		srv.ServeConn(context.Background(), sc)
+		close(done)
+	}()
+	go io.Copy(io.Discard, cc)
+	cc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	cc.Write(in)
+	cc.Close()
+	select {
+	case <-done:
+		return true
+	case <-time.After(10 * time.Second):
+		return false
+	}
+}
+
 // TestGarbageNeverPanics feeds mutated handshakes and request streams to
 // ServeConn over net.Pipe. Whatever the bytes, the server must not panic
 // (Stats.Panics stays 0), must not hang once the client goes away, and
@@ -57,20 +79,7 @@ func TestGarbageNeverPanics(t *testing.T) {
 				}
 			}
 		}
-		cc, sc := net.Pipe()
-		done := make(chan struct{})
-		go func() {
-			srv.ServeConn(context.Background(), sc)
-			close(done)
-		}()
-		// Drain whatever the server says while we write.
-		go io.Copy(io.Discard, cc)
-		cc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		cc.Write(in)
-		cc.Close()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
+		if !feed(srv, in) {
 			t.Fatalf("iteration %d: ServeConn did not return after client close", i)
 		}
 	}
@@ -110,19 +119,7 @@ func FuzzServerConn(f *testing.F) {
 	reg, _, _ := newTestReg()
 	srv := New(Config{Registry: reg, MaxPayload: 64 << 10, HandshakeTimeout: 5 * time.Second})
 	f.Fuzz(func(t *testing.T, in []byte) {
-		cc, sc := net.Pipe()
-		done := make(chan struct{})
-		go func() {
-			srv.ServeConn(context.Background(), sc)
-			close(done)
-		}()
-		go io.Copy(io.Discard, cc)
-		cc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		cc.Write(in)
-		cc.Close()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
+		if !feed(srv, in) {
 			t.Fatal("ServeConn did not return after client close")
 		}
 		if p := srv.Stats().Panics; p != 0 {

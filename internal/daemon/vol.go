@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -204,7 +203,3 @@ func (d *Daemon) defaultExport(vols map[string]*vol) string {
 	}
 	return ""
 }
-
-// errNotServed is returned by control operations on a volume the daemon
-// failed to open at start (it exists on disk but is not exported).
-var errNotServed = errors.New("volume exists but is not open in this daemon (see its log)")

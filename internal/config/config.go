@@ -46,6 +46,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -56,7 +57,9 @@ const (
 	DefaultListen     = "127.0.0.1:10809"
 	DefaultVolumeName = "default"
 	DefaultVolumeSize = 10 << 30
-	DefaultMaxPayload = 32 << 20
+	// DefaultMaxPayload is the NBD spec's 32 MiB, which every client
+	// accepts without negotiation.
+	DefaultMaxPayload = proto.DefaultMaxPayload
 )
 
 // Size is a byte count that unmarshals from "20G" style strings or plain

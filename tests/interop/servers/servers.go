@@ -289,7 +289,21 @@ func (s *Server) waitReady(ctx context.Context, timeout time.Duration) error {
 		c, err := net.DialTimeout("tcp", s.Addr, 500*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return nil
+			// The port answering is not proof that it is OUR server: a
+			// parallel test may have bound the same port between FreePort
+			// and our bind, and then our server exits. vmsan says when it
+			// serves; for the others, make sure the process is still there
+			// a moment later.
+			if s.Kind == VMSAN && !strings.Contains(s.LogTail(1<<16), "vmsan serving") {
+				err = errors.New("port answers but vmsan has not logged \"vmsan serving\" yet")
+			} else {
+				select {
+				case <-s.done:
+					continue // reported at the top of the loop
+				case <-time.After(100 * time.Millisecond):
+					return nil
+				}
+			}
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s did not listen on %s within %v: %v\n%s", s.Kind, s.Addr, timeout, err, s.LogTail(2000))

@@ -638,13 +638,23 @@ const (
 
 var bouncePools [maxBounceShift - minBounceShift + 1]sync.Pool
 
-func alignedBuf(n int, align uintptr) []byte {
-	if align < 4096 {
-		align = 4096
+// AlignedBuf returns a zeroed n-byte slice whose first byte's address is a
+// multiple of align, as O_DIRECT requires of memory buffers; align <= 1
+// means no alignment. It over-allocates by align bytes. The NBD server's
+// payload pools and the bench tool use it too.
+func AlignedBuf(n, align int) []byte {
+	if align <= 1 {
+		return make([]byte, n)
 	}
-	raw := make([]byte, n+int(align))
-	shift := int((align - uintptr(unsafe.Pointer(&raw[0]))%align) % align)
-	return raw[shift : shift+n : shift+n]
+	raw := make([]byte, n+align)
+	off := (align - int(uintptr(unsafe.Pointer(&raw[0]))%uintptr(align))) % align
+	return raw[off : off+n : off+n]
+}
+
+// alignedBuf is AlignedBuf with at least page alignment, whatever the
+// device reports, so a buffer suits any O_DIRECT file.
+func alignedBuf(n int, align uintptr) []byte {
+	return AlignedBuf(n, max(int(align), 4096))
 }
 
 func getBounce(n int, align uintptr) *bounce {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/vmsan/vmsan/internal/backend"
 )
 
 // bonnie++ 1.97 test names, in table order. They are the row names of a
@@ -140,7 +142,7 @@ func withFlush(t Target, m *Measurement, name string, write bool) (OpResult, err
 }
 
 func bonnieRewrite(ctx context.Context, t Target, size int64, chunk int, prog Progress) (OpResult, error) {
-	buf := AlignedBuf(chunk, t.Align())
+	buf := backend.AlignedBuf(chunk, t.Align())
 	var st dirStats
 	n := size / int64(chunk)
 	ph := prog.Start("bonnie rewrite", n)
@@ -190,7 +192,7 @@ func bonnieSeeks(ctx context.Context, t Target, size int64, chunk int, o Options
 		go func(w int) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(o.Seed, uint64(w)+101))
-			buf := AlignedBuf(chunk, t.Align())
+			buf := backend.AlignedBuf(chunk, t.Align())
 			var st dirStats
 			var err error
 			for next.Add(1) <= int64(o.Seeks) && ctx.Err() == nil {

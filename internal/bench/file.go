@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -167,20 +166,6 @@ func (t *fileTarget) Close() error {
 		}
 	}
 	return err
-}
-
-// AlignedBuf returns a zeroed n-byte slice whose address is a multiple of
-// align (a power of two), as O_DIRECT requires.
-func AlignedBuf(n, align int) []byte {
-	if align <= 1 {
-		return make([]byte, n)
-	}
-	b := make([]byte, n+align)
-	off := int(uintptr(unsafe.Pointer(&b[0])) & uintptr(align-1))
-	if off != 0 {
-		off = align - off
-	}
-	return b[off : off+n : off+n]
 }
 
 // fsMagic names the filesystems a VM disk image is likely to live on.

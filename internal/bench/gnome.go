@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/vmsan/vmsan/internal/backend"
 )
 
 // gnome-disks row names.
@@ -55,7 +57,7 @@ func runGnome(ctx context.Context, t Target, o Options, prog Progress, res *Resu
 	res.Params["access_reads"] = o.AccessReads
 
 	g := &GnomeResult{SampleSize: sample, MinRead: math.Inf(1), MinWrite: math.Inf(1)}
-	buf := AlignedBuf(int(sample), int(al))
+	buf := backend.AlignedBuf(int(sample), int(al))
 	span := t.Size() - sample
 	ph := prog.Start("gnome-disks transfer rate", int64(n))
 	var rd, wr dirStats
@@ -111,7 +113,7 @@ func runGnome(ctx context.Context, t Target, o Options, prog Progress, res *Resu
 	if page < al {
 		page = al
 	}
-	acc := AlignedBuf(int(page), int(al))
+	acc := backend.AlignedBuf(int(page), int(al))
 	rng := rand.New(rand.NewPCG(o.Seed, 17))
 	var at dirStats
 	ph = prog.Start("gnome-disks access time", int64(o.AccessReads))

@@ -12,6 +12,8 @@ import (
 
 	hdrhistogram "github.com/HdrHistogram/hdrhistogram-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/vmsan/vmsan/internal/backend"
 )
 
 // Pattern names an access pattern, spelled as fio spells --rw.
@@ -266,7 +268,7 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 					}
 					off, w := next(rng, job)
 					if bufs[tag] == nil {
-						bufs[tag] = AlignedBuf(spec.BS, int(al))
+						bufs[tag] = backend.AlignedBuf(spec.BS, int(al))
 						fillRandom(rng, bufs[tag])
 					}
 					isW[tag] = w
@@ -317,7 +319,7 @@ func Run(ctx context.Context, t Target, spec JobSpec, prog Progress) (*Measureme
 			defer wg.Done()
 			job := w / spec.QD
 			rng := rand.New(rand.NewPCG(spec.Seed+uint64(w)*0x9E3779B97F4A7C15, uint64(w)+1))
-			buf := AlignedBuf(spec.BS, int(al))
+			buf := backend.AlignedBuf(spec.BS, int(al))
 			fillRandom(rng, buf) // written data is incompressible and not all-zero
 			st := &stats[w]
 			for !stop.Load() {

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+
+	"github.com/vmsan/vmsan/internal/backend"
 )
 
 // Target is something a benchmark reads and writes: a file, a block device,
@@ -142,7 +144,7 @@ func checkWritable(t Target, force bool) error {
 	if n == 0 {
 		return nil
 	}
-	buf := AlignedBuf(int(n), int(al))
+	buf := backend.AlignedBuf(int(n), int(al))
 	if mx := int64(t.MaxIO()); mx > 0 && mx < n {
 		buf = buf[:mx/al*al]
 	}

@@ -3,7 +3,8 @@ package server
 import (
 	"math/bits"
 	"sync"
-	"unsafe"
+
+	"github.com/vmsan/vmsan/internal/backend"
 )
 
 // Payload buffers come from per-size-class pools so that steady-state READ and
@@ -19,16 +20,6 @@ const (
 
 var bufPools [maxClassLog - minClassLog + 1]sync.Pool
 
-// alignedBuf returns a slice of length n whose first byte is 4096-aligned.
-func alignedBuf(n int) []byte {
-	raw := make([]byte, n+bufAlign)
-	off := int(uintptr(unsafe.Pointer(&raw[0])) & (bufAlign - 1))
-	if off != 0 {
-		off = bufAlign - off
-	}
-	return raw[off : off+n : off+n]
-}
-
 func classOf(n int) int {
 	if n <= 1<<minClassLog {
 		return 0
@@ -41,14 +32,14 @@ func classOf(n int) int {
 func getBuf(n int) *[]byte {
 	c := classOf(n)
 	if c >= len(bufPools) {
-		b := alignedBuf(n)
+		b := backend.AlignedBuf(n, bufAlign)
 		return &b
 	}
 	if p, ok := bufPools[c].Get().(*[]byte); ok {
 		*p = (*p)[:n]
 		return p
 	}
-	b := alignedBuf(1 << (c + minClassLog))[:n]
+	b := backend.AlignedBuf(1<<(c+minClassLog), bufAlign)[:n]
 	return &b
 }
 

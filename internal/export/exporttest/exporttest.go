@@ -21,6 +21,7 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 // Device is an export.Device over an Engine and its Backend.
@@ -39,11 +40,12 @@ func NewDevice(name string, e *ioengine.Engine, b backend.Backend) *Device {
 	}}
 }
 
-// NewFileDevice creates a sparse file of size bytes in t.TempDir(), opens it
-// with mode, and starts an engine on it; t.Cleanup closes both.
+// NewFileDevice creates a sparse file of size bytes in a disk-backed temp
+// dir (testutil.DiskTempDir, so cache=none works where /tmp is tmpfs), opens
+// it with mode, and starts an engine on it; t.Cleanup closes both.
 func NewFileDevice(t testing.TB, name string, size int64, mode backend.CacheMode) *Device {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), name+".raw")
+	p := filepath.Join(testutil.DiskTempDir(t), name+".raw")
 	if err := backend.CreateFile(p, size); err != nil {
 		t.Fatal(err)
 	}

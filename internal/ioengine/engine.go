@@ -3,6 +3,7 @@ package ioengine
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -15,6 +16,8 @@ const (
 	DefaultMaxMergeBytes = 1 << 20
 	DefaultMaxQueue      = 512
 	DefaultGatherDelay   = 300 * time.Microsecond
+	// DefaultInlineMaxLatency: see Config.InlineMaxLatency.
+	DefaultInlineMaxLatency = 30 * time.Microsecond
 )
 
 // maxRunItems bounds the requests in one merged run, so one vectored call
@@ -46,6 +49,15 @@ type Config struct {
 	// merged with the writes following it. Negative disables gathering.
 	// Default 300µs.
 	GatherDelay time.Duration
+	// InlineMaxLatency enables the inline fast path for Requests marked
+	// Inline: such a request runs on the submitting goroutine when the
+	// backend's recent service time for its kind (a moving average of
+	// single-request calls) is below this, and nothing else would be
+	// reordered, merged, gathered or exceed Workers by it. A slow backend
+	// (cold reads from a disk) thus keeps the submitter free to pipeline
+	// through the workers. Negative disables. Default 30µs (a page-cache
+	// hit is 2-10µs; a device read is 100µs or more).
+	InlineMaxLatency time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -63,6 +75,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GatherDelay < 0 {
 		c.GatherDelay = 0
+	}
+	if c.InlineMaxLatency == 0 {
+		c.InlineMaxLatency = DefaultInlineMaxLatency
 	}
 	return c
 }
@@ -138,6 +153,13 @@ type Engine struct {
 	recent            [recentWrites]span
 	recentPos         int
 
+	// svc is the moving average (ns) of single-request backend call times,
+	// for reads [0] and writes [1]: the inline fast path's cost estimate.
+	// Updated without the lock; a lost update only delays the average.
+	svc [2]atomic.Int64
+	// iovs recycles the one-element iovec lists of inline executions.
+	iovs sync.Pool
+
 	st        statsState
 	wg        sync.WaitGroup
 	doChans   sync.Pool
@@ -149,7 +171,7 @@ type statsState struct {
 	requests, backendOps       OpCounts
 	rejected, errors           uint64
 	bytesRead, bytesWritten    uint64
-	merged, held               uint64
+	merged, held, inlined      uint64
 	maxQueue, inflight, maxInF int
 	latency, wsizes, rsizes    logHist
 	rlat, wlat, flat           logHist
@@ -173,6 +195,7 @@ func New(b backend.Backend, cfg Config) *Engine {
 	e.workCond.L = &e.mu
 	e.spaceCond.L = &e.mu
 	e.doChans.New = func() any { return make(chan struct{}, 1) }
+	e.iovs.New = func() any { b := make([][]byte, 0, 1); return &b }
 	e.st.latency = newLogHist(10, 34) // 1µs .. ~17s
 	e.st.rlat, e.st.wlat, e.st.flat = e.st.latency, e.st.latency, e.st.latency
 	e.st.wsizes = newLogHist(9, 25) // 512 B .. 32 MiB
@@ -304,6 +327,10 @@ func (e *Engine) Submit(r *Request) {
 		e.recent[e.recentPos] = span{it.off, it.end}
 		e.recentPos = (e.recentPos + 1) % recentWrites
 	}
+	if it.deps == 0 && r.Inline && e.inlineOKLocked(it, now) {
+		e.runInline(it) // drops the lock
+		return
+	}
 	if it.deps == 0 {
 		e.makeReadyLocked(it, now)
 	}
@@ -320,6 +347,88 @@ func (e *Engine) Submit(r *Request) {
 		}
 	}
 	e.mu.Unlock()
+}
+
+// inlineOKLocked decides whether a ready Inline request may run on the
+// submitting goroutine: it must be a plain (non-FUA) read or write, the
+// ready list must hold nothing but writes held for gathering (so it jumps
+// ahead of nothing due to run and misses no merge partner; held writes are
+// waiting on purpose and do not overlap it, or it would depend on them), a
+// worker slot must be free (the Workers bound counts inline calls too),
+// the backend must be fast for its kind lately, and a write must not be
+// part of a sequential stream that gathering could merge (inline writes
+// would keep the measured queue depth at 1 and so disable gathering).
+func (e *Engine) inlineOKLocked(it *item, now int64) bool {
+	if e.cfg.InlineMaxLatency < 0 || it.fua || e.st.inflight >= e.cfg.Workers {
+		return false
+	}
+	n := 0
+	for x := e.readyHead; x != nil; x = x.rnext {
+		if x.holdUntil == 0 || now >= x.holdUntil || n == 64 {
+			return false
+		}
+		n++
+	}
+	var k int
+	switch it.op {
+	case OpRead:
+		k = 0
+	case OpWrite:
+		if it.near && e.gather > 0 && it.end-it.off < e.cfg.MaxMergeBytes {
+			return false
+		}
+		k = 1
+	default:
+		return false
+	}
+	return e.svc[k].Load() < int64(e.cfg.InlineMaxLatency)
+}
+
+// runInline executes it on the calling goroutine and completes it.
+// REQUIRES: e.mu held, it outstanding with no unfinished dependency and not
+// on the ready list. Drops the lock; Done runs without it.
+//
+// INVARIANT: it stays on the outstanding list while it executes, so a
+// later conflicting request still waits for it exactly as for a worker's.
+func (e *Engine) runInline(it *item) {
+	if it.op == OpWrite {
+		e.dispWrites++
+	}
+	e.st.inlined++
+	e.st.inflight++
+	if e.st.inflight > e.st.maxInF {
+		e.st.maxInF = e.st.inflight
+	}
+	e.mu.Unlock()
+
+	bp := e.iovs.Get().(*[][]byte)
+	*bp = e.exec(it, (*bp)[:0])
+	clear(*bp)
+	e.iovs.Put(bp)
+
+	var one [1]*Request
+	e.mu.Lock()
+	e.st.inflight--
+	done := e.completeLocked(it, e.now(), one[:0])
+	if e.readyHead != nil && e.idle > 0 {
+		// A worker may have found every slot taken by inline calls.
+		e.workCond.Signal()
+	}
+	e.mu.Unlock()
+	for _, r := range done {
+		r.Done(r)
+	}
+}
+
+// noteSvc folds one single-request backend call time into the moving
+// average used by the inline fast path (weight 1/8).
+func (e *Engine) noteSvc(op Op, d int64) {
+	k := 0
+	if op == OpWrite {
+		k = 1
+	}
+	old := e.svc[k].Load()
+	e.svc[k].Store(old + (d-old)/8)
 }
 
 // conflicts reports whether later request n must wait for earlier request o.
@@ -591,7 +700,13 @@ func (e *Engine) worker() {
 	)
 	e.mu.Lock()
 	for {
-		b := e.pickLocked(e.now())
+		var b *item
+		// INVARIANT: st.inflight counts worker and inline backend calls
+		// and never exceeds Workers: a worker finding the slots taken by
+		// inline calls waits (runInline wakes it when it is done).
+		if e.st.inflight < e.cfg.Workers {
+			b = e.pickLocked(e.now())
+		}
 		if b == nil {
 			if e.stopped {
 				e.mu.Unlock()
@@ -635,12 +750,18 @@ func (e *Engine) exec(head *item, bufs [][]byte) [][]byte {
 			bufs = append(bufs, it.r.Data[:it.end-it.off])
 			fua = fua || it.fua
 		}
+		start := e.now()
 		if head.op == OpRead {
 			err = e.b.ReadvAt(bufs, head.off)
 		} else {
 			// INVARIANT: a run containing a FUA write is written with fua
 			// for the whole run, so the FUA member is durable on return.
 			err = e.b.WritevAt(bufs, head.off, fua)
+		}
+		if head.bnext == nil && !fua {
+			// Only single plain requests: a merged run or a FUA sync says
+			// nothing about what one inline request would cost.
+			e.noteSvc(head.op, e.now()-start)
 		}
 		if err != nil && head.bnext != nil {
 			// Retry members one by one so one failing range does not fail
@@ -786,6 +907,7 @@ func (e *Engine) Stats() Stats {
 		BytesWritten:  s.bytesWritten,
 		Merged:        s.merged,
 		Held:          s.held,
+		Inlined:       s.inlined,
 		QueueDepth:    e.outstanding,
 		MaxQueueDepth: s.maxQueue,
 		InFlight:      s.inflight,

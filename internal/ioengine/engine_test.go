@@ -46,13 +46,15 @@ func TestMergeSequentialWrites(t *testing.T) {
 		mode    backend.CacheMode
 		total   int64
 		minMean float64
+		inline  bool // requests marked Inline, as the NBD server sends them
 	}{
-		{16, backend.CacheWriteback, 32 << 20, 32 << 10},
-		{32, backend.CacheWriteback, 32 << 20, 64 << 10},
-		{32, backend.CacheNone, 4 << 20, 64 << 10},
+		{16, backend.CacheWriteback, 32 << 20, 32 << 10, false},
+		{32, backend.CacheWriteback, 32 << 20, 64 << 10, false},
+		{32, backend.CacheWriteback, 32 << 20, 64 << 10, true},
+		{32, backend.CacheNone, 4 << 20, 64 << 10, true},
 	} {
 		clients, total := tc.clients, tc.total
-		t.Run(fmt.Sprintf("qd%d-%s", clients, tc.mode), func(t *testing.T) {
+		t.Run(fmt.Sprintf("qd%d-%s-inline=%v", clients, tc.mode, tc.inline), func(t *testing.T) {
 			const bs = 4096
 			f := fileBackend(t, total, tc.mode)
 			c := backendtest.NewCounting(f)
@@ -69,7 +71,7 @@ func TestMergeSequentialWrites(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					buf := make([]byte, bs)
-					r := &ioengine.Request{Op: ioengine.OpWrite, Length: bs, Data: buf}
+					r := &ioengine.Request{Op: ioengine.OpWrite, Length: bs, Data: buf, Inline: tc.inline}
 					for {
 						off := next.Add(bs) - bs
 						if off >= total {
@@ -95,8 +97,8 @@ func TestMergeSequentialWrites(t *testing.T) {
 				sum += n
 			}
 			mean := float64(sum) / float64(len(sizes))
-			t.Logf("clients=%d cache=%s: %d requests -> %d backend writes, mean %.0f B (engine: %.0f B, merge ratio %.1f, held %d, p50 latency <= %v)",
-				clients, tc.mode, s.Requests.Write, len(sizes), mean, s.MeanWriteSize(), s.MergeRatio(), s.Held,
+			t.Logf("clients=%d cache=%s: %d requests -> %d backend writes, mean %.0f B (engine: %.0f B, merge ratio %.1f, held %d, inlined %d, p50 latency <= %v)",
+				clients, tc.mode, s.Requests.Write, len(sizes), mean, s.MeanWriteSize(), s.MergeRatio(), s.Held, s.Inlined,
 				time.Duration(s.Latency.Quantile(0.5)))
 			if sum != total || s.BytesWritten != uint64(total) {
 				t.Fatalf("wrote %d bytes to backend (engine says %d), want %d", sum, s.BytesWritten, total)
@@ -265,11 +267,28 @@ func (j *jitter) WriteZeroes(off, n int64, t, f bool) error {
 // complete after a Sync that started after all writes submitted before it
 // had returned from the backend (stronger than the NBD rule, which only
 // covers writes already replied to).
+//
+// The inline variant marks a random half of the requests Inline (with no
+// latency limit), so requests executed on the submitting goroutine and on
+// workers interleave, and must obey the same model.
 func TestReferenceModel(t *testing.T) {
-	const clients, region, steps, qd = 4, 256 << 10, 1500, 16
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) { referenceModel(t, inline) })
+	}
+}
+
+func referenceModel(t *testing.T, inline bool) {
+	const clients, region, steps = 4, 256 << 10, 1500
+	qd := 16
 	mem := backend.NewMem(clients * region)
 	b := &jitter{Backend: mem, rng: rand.New(rand.NewPCG(7, 7)), returned: map[*byte]int64{}}
-	e := ioengine.New(b, ioengine.Config{Workers: 6, MaxMergeBytes: 64 << 10, MaxQueue: 48})
+	cfg := ioengine.Config{Workers: 6, MaxMergeBytes: 64 << 10, MaxQueue: 48}
+	if inline {
+		// Shallower queues, so worker slots are often free and the inline
+		// path is taken often, interleaved with worker execution.
+		cfg.InlineMaxLatency, qd = time.Hour, 3
+	}
+	e := ioengine.New(b, cfg)
 	var wg sync.WaitGroup
 	for c := 0; c < clients; c++ {
 		wg.Add(1)
@@ -293,7 +312,7 @@ func TestReferenceModel(t *testing.T) {
 					off = rng.Int64N(region/4096) * 4096
 					n = min((1+rng.Int64N(8))*4096, region-off)
 				}
-				r := &ioengine.Request{Offset: base + off, Length: n}
+				r := &ioengine.Request{Offset: base + off, Length: n, Inline: inline && rng.IntN(2) == 0}
 				var check func() error
 				switch k := rng.IntN(20); {
 				case k < 8:
@@ -356,9 +375,15 @@ func TestReferenceModel(t *testing.T) {
 	wg.Wait()
 	e.Close()
 	s := e.Stats()
-	t.Logf("requests %+v, backend ops %+v, merged %d, held %d", s.Requests, s.BackendOps, s.Merged, s.Held)
+	t.Logf("requests %+v, backend ops %+v, merged %d, held %d, inlined %d", s.Requests, s.BackendOps, s.Merged, s.Held, s.Inlined)
 	if s.Merged == 0 {
 		t.Error("no request was ever merged: the test does not exercise merging")
+	}
+	if inline && s.Inlined == 0 {
+		t.Error("no request ran inline: the test does not exercise the inline path")
+	}
+	if !inline && s.Inlined != 0 {
+		t.Errorf("%d requests ran inline without being marked Inline", s.Inlined)
 	}
 }
 

@@ -35,7 +35,8 @@ func (o Op) String() string {
 //
 // The submitter owns the Request until Done is called, and the engine owns
 // it from Submit until Done returns. Done is called exactly once, from an
-// engine goroutine; it must not block for long.
+// engine goroutine (or, for an Inline request, possibly from the submitting
+// goroutine before Submit returns); it must not block for long.
 type Request struct {
 	Op     Op
 	Offset int64
@@ -45,6 +46,13 @@ type Request struct {
 	FUA      bool // OpWrite/OpWriteZeroes/OpTrim: durable before Done
 	NoHole   bool // OpWriteZeroes: the range must stay allocated
 	FastZero bool // OpWriteZeroes: fail with backend.ErrNotFast rather than write slowly
+
+	// Inline lets the engine execute the request on the submitting
+	// goroutine and call Done before Submit returns, when that costs no
+	// ordering, merging or concurrency (see the package doc). Only for
+	// submitters whose Done may run inside Submit and who can afford
+	// Submit blocking for one backend call (e.g. an NBD connection reader).
+	Inline bool
 
 	// Err is set by the engine before Done is called.
 	Err error

@@ -52,6 +52,9 @@ type Stats struct {
 	Merged uint64
 	// Held counts writes that the gathering policy delayed.
 	Held uint64
+	// Inlined counts Inline requests executed on the submitting goroutine
+	// (no hand-off to a worker).
+	Inlined uint64
 	// QueueDepth is the number of requests submitted and not yet completed;
 	// MaxQueueDepth the highest value seen.
 	QueueDepth, MaxQueueDepth int

@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/vmsan/vmsan/internal/backend"
@@ -38,7 +39,18 @@ type op struct {
 	trimFUA bool
 	r       ioengine.Request
 	doneFn  func(*ioengine.Request)
+	// state decides who replies to an op submitted to the device: the
+	// reader, if the op completed before Submit returned (inline on the
+	// reader, or on a fast worker), otherwise the writer goroutine.
+	state atomic.Uint32
 }
+
+// op.state values (see op.state).
+const (
+	stSubmitting uint32 = iota + 1 // reader is inside dev.Submit
+	stEarly                        // completed before Submit returned: reader replies
+	stAsync                        // Submit returned first: done() hands to the writer
+)
 
 var opPool = sync.Pool{New: func() any {
 	o := &op{}
@@ -48,10 +60,26 @@ var opPool = sync.Pool{New: func() any {
 
 // txState is the per-connection transmission state shared by reader,
 // completions and writer.
+//
+// Replies are written into bw under wmu by two goroutines: the reader, for
+// ops that completed while it submitted them (the common case on a fast
+// backend: the engine runs them inline on the reader, so a request costs
+// no goroutine hand-off at all), and the writer, for ops completed later
+// on engine workers. A reply is written whole under wmu, so chunks of two
+// replies never interleave. The reader flushes before it would block
+// reading the socket (nothing more is buffered), so replies are batched
+// while requests keep coming and sent at once at queue depth 1; the writer
+// flushes when its queue is empty.
 type txState struct {
 	replies chan *op      // completed ops, drained by the writer
 	slots   chan struct{} // one token per op in flight
 	wg      sync.WaitGroup
+	br      *bufio.Reader // reader-owned
+
+	wmu    sync.Mutex
+	bw     *bufio.Writer // guarded by wmu
+	broken bool          // guarded by wmu: a reply write failed
+	dirty  bool          // guarded by wmu: bw holds unflushed replies
 
 	mu        sync.Mutex
 	cond      *sync.Cond
@@ -60,9 +88,9 @@ type txState struct {
 	maxP      uint32 // negotiated max payload (<= cfg.MaxPayload)
 	minB      uint64
 	holesFrom int
-	descs     []proto.BlockDescriptor // writer scratch
-	hdr       []byte                  // writer scratch
-	pieces    []piece                 // writer scratch
+	descs     []proto.BlockDescriptor // reply scratch, guarded by wmu
+	hdr       []byte                  // reply scratch, guarded by wmu
+	pieces    []piece                 // reply scratch, guarded by wmu
 }
 
 // reserve blocks until n payload bytes fit in the budget. A single request
@@ -108,6 +136,7 @@ func (c *conn) transmit() {
 		holesFrom: cfg.StructuredReadHoles,
 	}
 	t.cond = sync.NewCond(&t.mu)
+	t.bw = bufio.NewWriterSize(c.rw, 256<<10)
 	c.tx = t
 	writerDone := make(chan struct{})
 	go c.writer(t, writerDone)
@@ -128,8 +157,10 @@ func (c *conn) reader(t *txState) {
 		}
 	}()
 	br := bufio.NewReaderSize(c.rw, 64<<10)
+	t.br = br
 	var hdr [proto.RequestSize]byte
 	for !c.isStopped() {
+		c.flushBeforeRead(t, proto.RequestSize)
 		if _, err := io.ReadFull(br, hdr[:]); err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, net.ErrClosed) {
 				c.log.Debug("nbd: read request", "err", err)
@@ -169,7 +200,7 @@ func (c *conn) reader(t *txState) {
 			}
 		}
 		if o.errno != 0 {
-			t.replies <- o
+			c.replyNow(t, o)
 			continue
 		}
 		c.dispatch(t, o)
@@ -189,6 +220,7 @@ func (c *conn) readPayload(t *txState, br *bufio.Reader, o *op) bool {
 	t.reserve(n)
 	o.nbytes = n
 	o.bufp = getBuf(int(n))
+	c.flushBeforeRead(t, int(n))
 	if _, err := io.ReadFull(br, *o.bufp); err != nil {
 		return false
 	}
@@ -278,7 +310,7 @@ func (c *conn) dispatch(t *txState, o *op) {
 	case proto.CmdRead:
 		if req.Length == 0 {
 			o.kind = kindRead
-			t.replies <- o
+			c.replyNow(t, o)
 			return
 		}
 		o.kind = kindRead
@@ -286,31 +318,31 @@ func (c *conn) dispatch(t *txState, o *op) {
 		t.reserve(n)
 		o.nbytes = n
 		o.bufp = getBuf(int(n))
-		r.Op, r.Data = ioengine.OpRead, *o.bufp
+		r.Op, r.Data, r.Inline = ioengine.OpRead, *o.bufp, true
 	case proto.CmdWrite:
 		if req.Length == 0 {
-			t.replies <- o
+			c.replyNow(t, o)
 			return
 		}
-		r.Op, r.Data, r.FUA = ioengine.OpWrite, *o.bufp, req.Flags&proto.CmdFlagFUA != 0
+		r.Op, r.Data, r.FUA, r.Inline = ioengine.OpWrite, *o.bufp, req.Flags&proto.CmdFlagFUA != 0, true
 	case proto.CmdFlush:
 		r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
 	case proto.CmdTrim:
 		if req.Length == 0 {
-			t.replies <- o
+			c.replyNow(t, o)
 			return
 		}
 		r.Op = ioengine.OpTrim
 		o.trimFUA = req.Flags&proto.CmdFlagFUA != 0
 	case proto.CmdCache:
 		if req.Length == 0 {
-			t.replies <- o
+			c.replyNow(t, o)
 			return
 		}
 		r.Op = ioengine.OpCache
 	case proto.CmdWriteZeroes:
 		if req.Length == 0 {
-			t.replies <- o
+			c.replyNow(t, o)
 			return
 		}
 		r.Op = ioengine.OpWriteZeroes
@@ -318,19 +350,30 @@ func (c *conn) dispatch(t *txState, o *op) {
 		r.NoHole = req.Flags&proto.CmdFlagNoHole != 0
 		r.FastZero = req.Flags&proto.CmdFlagFastZero != 0
 	case proto.CmdBlockStatus:
-		// Answered by the writer (Device.Extents is synchronous); every
-		// write replied to before this request arrived has completed, so
-		// the answer reflects it.
+		// Answered now (Device.Extents is synchronous); every write
+		// replied to before this request arrived has completed, so the
+		// answer reflects it.
 		o.kind = kindBlockStatus
-		t.replies <- o
+		c.replyNow(t, o)
 		return
 	}
+	// Reads and writes may run inline on this goroutine (the engine
+	// decides; see ioengine.Request.Inline): blocking the reader for one
+	// fast backend call is cheaper than two goroutine hand-offs, and a
+	// slow backend makes the engine use its workers instead.
+	o.state.Store(stSubmitting)
 	c.dev.Submit(r)
+	if !o.state.CompareAndSwap(stSubmitting, stAsync) {
+		// Completed before Submit returned: done() left the reply to us.
+		c.replyNow(t, o)
+	}
+	// INVARIANT: after a successful CAS to stAsync o belongs to done()
+	// and the writer; it must not be touched here.
 }
 
 // done is the engine completion callback. It must not block: it only
-// hands the op to the writer (the replies channel has room for every op
-// in flight).
+// leaves the op to the reader (completed during Submit) or hands it to the
+// writer (the replies channel has room for every op in flight).
 func (o *op) done(r *ioengine.Request) {
 	if r.Err == nil && o.trimFUA {
 		o.trimFUA = false
@@ -344,7 +387,66 @@ func (o *op) done(r *ioengine.Request) {
 	if r.Err != nil {
 		o.errno = toErrno(r.Err)
 	}
+	if o.state.CompareAndSwap(stSubmitting, stEarly) {
+		return
+	}
 	o.c.tx.replies <- o
+}
+
+// replyNow writes o's reply from the reader goroutine and releases o. It
+// flushes unless another complete request is already buffered (the reader
+// will come back here, or flush before blocking: flushBeforeRead).
+func (c *conn) replyNow(t *txState, o *op) {
+	c.sendReply(t, o, t.br.Buffered() < proto.RequestSize)
+	c.finish(t, o)
+}
+
+// flushBeforeRead flushes replies left in bw when the reader is about to
+// block reading need bytes that are not buffered yet: the client may be
+// waiting for those replies before it sends more.
+func (c *conn) flushBeforeRead(t *txState, need int) {
+	if t.br.Buffered() >= need {
+		return
+	}
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if t.dirty && !t.broken {
+		c.flushLocked(t)
+	}
+}
+
+// sendReply writes o's reply into bw under wmu (a reply is never split by
+// another one) and flushes if asked. After a write error the connection is
+// closed (which also stops the reader) and later replies are dropped.
+func (c *conn) sendReply(t *txState, o *op, flush bool) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock() // also on a panic, so the other side cannot deadlock
+	if t.broken {
+		return
+	}
+	if err := c.writeReply(t, t.bw, o); err != nil {
+		c.brokenLocked(t, err)
+		return
+	}
+	t.dirty = true
+	if flush {
+		c.flushLocked(t)
+	}
+}
+
+// REQUIRES: t.wmu held.
+func (c *conn) flushLocked(t *txState) {
+	t.dirty = false
+	if err := t.bw.Flush(); err != nil {
+		c.brokenLocked(t, err)
+	}
+}
+
+// REQUIRES: t.wmu held.
+func (c *conn) brokenLocked(t *txState, err error) {
+	t.broken = true
+	c.log.Debug("nbd: write reply", "err", err)
+	c.nc.Close() // unblocks the reader; remaining ops are only released
 }
 
 // finish releases everything an op holds. Called once per op, by the
@@ -401,8 +503,6 @@ type piece struct {
 
 func (c *conn) writer(t *txState, done chan struct{}) {
 	defer close(done)
-	bw := bufio.NewWriterSize(c.rw, 256<<10)
-	broken := false
 	defer func() {
 		if r := recover(); r != nil {
 			c.s.ctr.panics.Add(1)
@@ -414,23 +514,16 @@ func (c *conn) writer(t *txState, done chan struct{}) {
 		}
 	}()
 	for o := range t.replies {
-		if !broken {
-			err := c.writeReply(t, bw, o)
-			// Batch replies: flush only when nothing else is ready.
-			if err == nil && len(t.replies) == 0 {
-				err = bw.Flush()
-			}
-			if err != nil {
-				broken = true
-				c.log.Debug("nbd: write reply", "err", err)
-				c.nc.Close() // unblocks the reader; remaining ops are only released
-			}
-		}
+		// Batch replies: flush only when nothing else is ready.
+		c.sendReply(t, o, len(t.replies) == 0)
 		c.finish(t, o)
 	}
-	if !broken {
-		bw.Flush()
+	// The reader has returned: flush what it may have left.
+	t.wmu.Lock()
+	if !t.broken {
+		c.flushLocked(t)
 	}
+	t.wmu.Unlock()
 }
 
 var zeroPage [64 << 10]byte

@@ -33,7 +33,7 @@ type Plugin struct {
 	dataDir string
 	log     *slog.Logger
 
-	mu       sync.Mutex
+	mu        sync.Mutex
 	replicas  map[string]*Replica
 	devByName map[string]export.Device
 }

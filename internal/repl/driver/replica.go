@@ -67,6 +67,7 @@ type Replica struct {
 	epoch    uint64                       // loop only
 	pending  map[uint64]*pendingPair      // loop only: accepted halves
 	inflight atomic.Int64                 // applies submitted and not completed
+	queued   atomic.Int64                 // applies in applyQ or being submitted by the submitter
 
 	// rxBudget bounds stream data received but not yet applied, so a slow
 	// secondary disk pushes back on the TCP data connection (and so on the
@@ -101,6 +102,7 @@ type Replica struct {
 
 const (
 	resyncReaders   = 4
+	directSubmitMax = 64
 	rxBudgetBytes   = 64 << 20
 	sendBudgetBytes = 64 << 20
 )
@@ -417,7 +419,19 @@ func (r *Replica) process() error {
 			}
 		}
 		for _, a := range rd.Apply {
+			// Submit on the loop when nothing is queued for the submitter
+			// (so order is kept) and few applies are in flight (so the
+			// engine, whose Submit blocks only when MaxQueue requests are
+			// outstanding, has room): one goroutine hand-off less per
+			// write on both nodes. Under deep queues the submitter takes
+			// over and the loop never waits for the engine.
+			if r.queued.Load() == 0 && r.inflight.Load() < directSubmitMax {
+				r.inflight.Add(1)
+				r.submit(a)
+				continue
+			}
 			r.inflight.Add(1)
+			r.queued.Add(1)
 			r.applyQ.push(a)
 		}
 		for _, rd := range rd.Reads {
@@ -477,27 +491,38 @@ func (r *Replica) submitter() {
 		if !ok {
 			return
 		}
-		req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID}
-		switch a.Op {
-		case repl.OpWrite:
-			req.Op = ioengine.OpWrite
-		case repl.OpTrim:
-			req.Op = ioengine.OpTrim
-		case repl.OpZero:
-			req.Op, req.NoHole = ioengine.OpWriteZeroes, a.NoHole
-		case repl.OpFlush:
-			req.Op = ioengine.OpFlush
-		}
-		bytes := int64(len(a.Data))
-		var rxBuf []byte
-		if a.Received {
-			rxBuf = a.Data
-		}
-		req.Done = func(q *ioengine.Request) {
-			r.comp.push(completion{id: q.Cookie, err: q.Err, bytes: bytes, rxBuf: rxBuf})
-		}
-		r.dev.Submit(req)
+		r.submit(a)
+		// INVARIANT: queued counts applies pushed and not yet handed to
+		// the engine; the loop submits directly only when it is 0, so the
+		// engine sees applies in the node's order.
+		r.queued.Add(-1)
 	}
+}
+
+// submit hands one apply to the engine. REQUIRES: called by the loop
+// (when queued == 0) or by the submitter, never both at once for
+// consecutive applies (see queued).
+func (r *Replica) submit(a repl.Apply) {
+	req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID}
+	switch a.Op {
+	case repl.OpWrite:
+		req.Op = ioengine.OpWrite
+	case repl.OpTrim:
+		req.Op = ioengine.OpTrim
+	case repl.OpZero:
+		req.Op, req.NoHole = ioengine.OpWriteZeroes, a.NoHole
+	case repl.OpFlush:
+		req.Op = ioengine.OpFlush
+	}
+	bytes := int64(len(a.Data))
+	var rxBuf []byte
+	if a.Received {
+		rxBuf = a.Data
+	}
+	req.Done = func(q *ioengine.Request) {
+		r.comp.push(completion{id: q.Cookie, err: q.Err, bytes: bytes, rxBuf: rxBuf})
+	}
+	r.dev.Submit(req)
 }
 
 // resyncReader serves the node's resync/verify reads: block status first

@@ -145,7 +145,8 @@ func TestExampleFile(t *testing.T) {
 	}
 	abs, _ := filepath.Abs(filepath.Join("..", "..", "vmsan-data"))
 	got, _ := filepath.Abs(c.DataDir)
-	if got != abs || len(c.Volumes) != 2 || c.Volumes[1].Engine.Workers != 8 || c.MetricsListen != "127.0.0.1:9109" {
+	if got != abs || len(c.Volumes) != 3 || c.Volumes[1].Engine.Workers != 8 || c.MetricsListen != "127.0.0.1:9109" ||
+		c.Volumes[2].Replication == nil || c.Volumes[2].Replication.Peer != "127.0.0.1:7790" {
 		t.Fatalf("%+v", c)
 	}
 }

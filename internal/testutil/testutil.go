@@ -1,6 +1,7 @@
 // Package testutil holds helpers shared by vmsan's tests: external-tool
 // checks, disk-backed temp dirs, loop-mounted filesystems and TLS
-// certificates. It is imported only from _test.go files.
+// certificates. Only tests and test-support packages (exporttest,
+// backendtest) import it; production code must not.
 //
 // Simplest use:
 //

@@ -33,8 +33,8 @@ func TestDiskTempDir(t *testing.T) {
 	f.Close()
 }
 
-// TestNeedToolFound: a program that is certainly installed (the test binary
-// needs nothing else) gives its path.
+// TestNeedToolFound: an installed program (sh is on every machine the
+// tests run on) gives the path of an existing file.
 func TestNeedToolFound(t *testing.T) {
 	p := NeedTool(t, "sh")
 	if fi, err := os.Stat(p); err != nil || fi.IsDir() {

@@ -17,7 +17,8 @@
 // run on engine goroutines, never with the engine lock held, and must not
 // block on the same engine (a blocked worker cannot complete anything);
 // requests rejected up front (invalid, out of range, after Close) complete
-// with Done called from the submitting goroutine.
+// with Done called from the submitting goroutine, and so may requests
+// marked Inline (below).
 //
 //   - Overlapping requests are never reordered: a request waits for every
 //     earlier-submitted, unfinished request that overlaps it, unless both
@@ -71,6 +72,34 @@
 // device write) per 4 KiB. Reads are merged but never held: a reader waits
 // for its data, and read-ahead below already batches sequential reads.
 // Set GatherDelay negative to disable gathering.
+//
+// # Inline execution
+//
+// Handing a request to a worker costs two goroutine switches (wake the
+// worker, wake whoever waits for Done); on a page-cached backend that is
+// more than the backend call itself. A submitter that can afford to block
+// for one backend call marks its requests Inline (the NBD server's
+// connection reader does), and the engine then runs such a request
+// directly in Submit, calling Done before Submit returns, when all of
+// these hold:
+//
+//   - it is a plain read or write (no FUA, not a FLUSH/TRIM/zero), with no
+//     unfinished earlier request it conflicts with;
+//   - nothing on the ready list is due to run (writes held for gathering
+//     may be there: they wait on purpose), so it overtakes no one and
+//     misses no merge;
+//   - fewer than Workers backend calls are running (inline calls count);
+//   - a write is not part of a sequential stream (near a recent write) that
+//     gathering could merge; such writes take the normal path, so seed 002
+//     merging is unchanged;
+//   - the backend's recent service time for its kind (a moving average of
+//     single-request calls, weight 1/8) is below Config.InlineMaxLatency
+//     (default 30µs): page-cache hits qualify, device reads and throttled
+//     writes do not, so a slow backend still gets the submitter's whole
+//     pipeline through the workers.
+//
+// The inline request stays on the outstanding list while it runs, so every
+// ordering rule above applies to it unchanged.
 //
 // Measured: fio --ioengine=nbd --rw=write --bs=4k --iodepth=32 through
 // vmsan serve reaches the page-cached file as ~126 KiB pwritev calls (merge

@@ -12,18 +12,16 @@ import (
 	"github.com/vmsan/vmsan/internal/testutil"
 )
 
-// loopDevice attaches img to a free loop device; it skips (with the
-// reason) when this environment cannot create loop devices, e.g. an
-// unprivileged container.
+// loopDevice attaches img to a free loop device. When this environment
+// cannot create loop devices (not root, an unprivileged container) it skips
+// with the reason locally and fails in CI, like testutil.LoopMount.
 func loopDevice(t *testing.T, img string) string {
 	t.Helper()
 	testutil.NeedTool(t, "losetup")
-	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root")
-	}
+	testutil.NeedRoot(t, "loop devices")
 	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
 	if err != nil {
-		t.Skipf("cannot attach a loop device here: %v: %s", err, out)
+		testutil.SkipOrFail(t, "cannot attach a loop device here: %v: %s", err, out)
 	}
 	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })

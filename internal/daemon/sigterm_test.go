@@ -129,23 +129,14 @@ func TestSIGTERMDrain(t *testing.T) {
 var (
 	buildOnce sync.Once
 	builtBin  string
+	removeBin func()
 	buildErr  error
 )
 
-// buildBinary builds cmd/vmsan once per test binary run.
+// buildBinary builds cmd/vmsan once per test binary run, on first use.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "vmsan-daemon-test-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		builtBin = filepath.Join(dir, "vmsan")
-		if out, err := exec.Command("go", "build", "-o", builtBin, "github.com/vmsan/vmsan/cmd/vmsan").CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
+	buildOnce.Do(func() { builtBin, removeBin, buildErr = testutil.BuildVmsan() })
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
@@ -154,8 +145,8 @@ func buildBinary(t *testing.T) string {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if builtBin != "" {
-		os.RemoveAll(filepath.Dir(builtBin))
+	if removeBin != nil {
+		removeBin()
 	}
 	os.Exit(code)
 }

@@ -19,6 +19,7 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,4 +146,23 @@ func LoopMount(t testing.TB, mkfs string, size int64, mkfsArgs ...string) string
 		}
 	})
 	return mnt
+}
+
+// BuildVmsan builds cmd/vmsan into a fresh temp dir and returns the binary's
+// path and a function that removes it. It takes no testing.TB so TestMain
+// can call it; tests that want the binary only when needed call it once
+// through a sync.Once. The build runs `go build` on the module's package
+// path, so it works from any package directory of the module.
+func BuildVmsan() (bin string, cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "vmsan-test-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup = func() { os.RemoveAll(dir) }
+	bin = filepath.Join(dir, "vmsan")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/vmsan/vmsan/cmd/vmsan").CombinedOutput(); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, cleanup, nil
 }

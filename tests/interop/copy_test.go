@@ -102,7 +102,7 @@ func TestFioVerify(t *testing.T) {
 		"--name=verify", "--ioengine=nbd", "--uri=" + tg.uri(),
 		"--rw=randwrite", "--bs=4k", "--iodepth=32", fmt.Sprintf("--size=%d", size),
 		"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_dump=0",
-		"--randrepeat=1", "--output-format=json",
+		"--randrepeat=1", "--output-format=json", "--verify_state_save=0",
 	}
 	r := runCmd(t, 4*time.Minute, "fio", args...)
 	if r.code != 0 {

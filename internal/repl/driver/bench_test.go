@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/vmsan/vmsan/internal/ioengine"
@@ -15,11 +16,18 @@ func BenchmarkReplicatedWrite1M(b *testing.B) {
 // BenchmarkReplicatedWrite4K: 4 KiB writes at queue depth 32.
 func BenchmarkReplicatedWrite4K(b *testing.B) { benchWrite(b, 4<<10, 32) }
 
-func benchWrite(b *testing.B, size int64, qd int) {
+// BenchmarkReplicatedRandWrite4K: 4 KiB writes at random 4 KiB-aligned
+// offsets over 200 MiB, queue depth 32 (what fio randwrite does).
+func BenchmarkReplicatedRandWrite4K(b *testing.B) { benchWriteAt(b, 4<<10, 32, true) }
+
+func benchWrite(b *testing.B, size int64, qd int) { benchWriteAt(b, size, qd, false) }
+
+func benchWriteAt(b *testing.B, size int64, qd int, random bool) {
 	a, _ := pairB(b, 256<<20)
 	data := pattern(1, int(size))
 	errs := make(chan error, qd)
 	inflight := 0
+	rng := rand.New(rand.NewPCG(1, 2))
 	b.SetBytes(size)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -30,6 +38,9 @@ func benchWrite(b *testing.B, size int64, qd int) {
 			inflight--
 		}
 		off := (int64(i) * size) % (200 << 20)
+		if random {
+			off = rng.Int64N((200<<20)/size) * size
+		}
 		a.front.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: off, Length: size, Data: data, Done: func(r *ioengine.Request) { errs <- r.Err }})
 		inflight++
 	}

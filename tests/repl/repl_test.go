@@ -236,24 +236,27 @@ func TestSecondaryMergesFio(t *testing.T) {
 	after := p.b.engine()
 	reqs, ops := after.Requests-before.Requests, after.BackendOps-before.BackendOps
 	written := after.BytesWritten - before.BytesWritten
+	wops := after.Raw.BackendOps.Write - before.Raw.BackendOps.Write
 	pa := p.a.engine()
-	// Mean backend write size over this workload only. Backend ops also
-	// count the flushes (a handful), which only lowers the mean.
-	mean := float64(written) / float64(max(ops, 1))
-	t.Logf("primary engine: merge ratio %.1f; secondary: %d requests -> %d backend ops (ratio %.1f), %d bytes, mean backend op %.0f B",
-		pa.MergeRatio, reqs, ops, float64(reqs)/float64(max(ops, 1)), written, mean)
+	// Mean backend write size over this workload only (write calls, not
+	// flushes).
+	mean := float64(written) / float64(max(wops, 1))
+	t.Logf("primary engine: merge ratio %.1f; secondary: %d requests -> %d backend ops (ratio %.1f), %d bytes in %d write calls, mean write %.0f B",
+		pa.MergeRatio, reqs, ops, float64(reqs)/float64(max(ops, 1)), written, wops, mean)
 	if reqs < 4096 {
 		t.Fatalf("secondary saw %d requests for 4096 writes", reqs)
 	}
 	if written < 16<<20 {
 		t.Fatalf("secondary wrote %d bytes for 16 MiB of writes", written)
 	}
-	// Without merging every backend write would be 4 KiB. The threshold
-	// is 4x that: comfortably above no merging, and far below what runs
-	// show even on a loaded machine (where fewer writes queue up on the
-	// secondary at once and merge ratios vary between about 4 and 25).
-	if mean < 16<<10 {
-		t.Fatalf("secondary merged too little: mean backend op %.0f B (4096 = no merging) over %d ops for %d requests", mean, ops, reqs)
+	// Without merging every backend write is exactly 4 KiB. The threshold
+	// is 3x that: it fails whenever the secondary stops merging (or merges
+	// only now and then), yet stays below what runs show even on a loaded
+	// machine, where fewer writes queue up on the secondary at once (seen:
+	// 27-78 KiB; the merge ratio of 3.8 that once failed the old
+	// "ratio >= 4" threshold is about 15 KiB).
+	if mean < 12<<10 {
+		t.Fatalf("secondary merged too little: mean backend write %.0f B (4096 = no merging) over %d write calls for %d requests", mean, wops, reqs)
 	}
 	if p.a.rawSum() != p.b.rawSum() {
 		t.Fatal("replicas differ")

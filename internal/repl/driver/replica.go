@@ -14,8 +14,10 @@
 // (network readers and writers, the apply submitter, the resync reader,
 // client Submit calls, admin calls) talks to it through channels and
 // queues, and no blocking I/O ever runs on the loop except metadata
-// persistence (small atomic files). All exported methods are safe for
-// concurrent use.
+// persistence (small atomic files). The loop may hand a write to the
+// engine itself (engine Submit only queues it) when the submitter has
+// nothing pending and few writes are in flight, so the engine's queue
+// limit is never near. All exported methods are safe for concurrent use.
 package driver
 
 import (

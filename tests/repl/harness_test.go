@@ -52,13 +52,31 @@ func need(t *testing.T, tools ...string) {
 	}
 }
 
+// Ports for the servers come from 25000-25999, below the kernel's
+// ephemeral range (32768+): a port picked with ":0" and released can be
+// taken by any outgoing connection on the machine before the server binds
+// it ("address already in use" seen on a busy CI host). Within the range
+// a counter never hands out the same port twice in one test binary.
+const portLo, portHi = 25000, 26000
+
+var nextPort = portLo + os.Getpid()%(portHi-portLo)
+
 func freeAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	for range portHi - portLo {
+		port := nextPort
+		nextPort++
+		if nextPort >= portHi {
+			nextPort = portLo
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatal("no free port in 25000-25999")
+	return ""
 }
 
 const volName = "vm1"

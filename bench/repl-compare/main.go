@@ -128,11 +128,23 @@ func check(err error) {
 	}
 }
 
+// Ports come from 25000-25999, below the kernel's ephemeral range: a port
+// picked with ":0" and released can be taken by any outgoing connection on
+// the machine before the server binds it.
+var nextPort = 25000 + os.Getpid()%1000
+
 func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	defer ln.Close()
-	return ln.Addr().String()
+	for range 1000 {
+		port := nextPort
+		nextPort = 25000 + (nextPort+1-25000)%1000
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return addr
+		}
+	}
+	check(fmt.Errorf("no free port in 25000-25999"))
+	return ""
 }
 
 func run(bin string, args ...string) error {

@@ -27,6 +27,9 @@ func init() {
   (on the peer: the same with the addresses swapped and --role secondary)
   then start (or restart) vmsan serve on both nodes.
 
+Or declare it per volume in the file given to vmsan serve --config:
+  volumes: [{name: vm1, size: 20G, replication: {listen: ..., peer: ..., role: primary}}]
+
 See docs/replication.md for protocols, states and split brain.`,
 	}
 	rc.PersistentFlags().StringVar(&dataDir, "data-dir", config.DefaultDataDir, "data directory of the node")

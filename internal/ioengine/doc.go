@@ -96,7 +96,10 @@
 //     single-request calls, weight 1/8) is below Config.InlineMaxLatency
 //     (default 30µs): page-cache hits qualify, device reads and throttled
 //     writes do not, so a slow backend still gets the submitter's whole
-//     pipeline through the workers.
+//     pipeline through the workers. A request also marked Idle (the
+//     submitter has nothing else queued: queue depth 1, so blocking it
+//     loses no pipelining) uses Config.InlineIdleLatency (default 300µs)
+//     instead.
 //
 // The inline request stays on the outstanding list while it runs, so every
 // ordering rule above applies to it unchanged.

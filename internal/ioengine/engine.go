@@ -18,6 +18,8 @@ const (
 	DefaultGatherDelay   = 300 * time.Microsecond
 	// DefaultInlineMaxLatency: see Config.InlineMaxLatency.
 	DefaultInlineMaxLatency = 30 * time.Microsecond
+	// DefaultInlineIdleLatency: see Config.InlineIdleLatency.
+	DefaultInlineIdleLatency = 300 * time.Microsecond
 )
 
 // maxRunItems bounds the requests in one merged run, so one vectored call
@@ -58,6 +60,11 @@ type Config struct {
 	// through the workers. Negative disables. Default 30µs (a page-cache
 	// hit is 2-10µs; a device read is 100µs or more).
 	InlineMaxLatency time.Duration
+	// InlineIdleLatency replaces InlineMaxLatency for requests marked Idle
+	// (the submitter has nothing else queued, so blocking it costs no
+	// pipelining: queue depth 1). Default 300µs; never below
+	// InlineMaxLatency.
+	InlineIdleLatency time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -79,6 +86,10 @@ func (c Config) withDefaults() Config {
 	if c.InlineMaxLatency == 0 {
 		c.InlineMaxLatency = DefaultInlineMaxLatency
 	}
+	if c.InlineIdleLatency == 0 {
+		c.InlineIdleLatency = DefaultInlineIdleLatency
+	}
+	c.InlineIdleLatency = max(c.InlineIdleLatency, c.InlineMaxLatency)
 	return c
 }
 
@@ -381,7 +392,11 @@ func (e *Engine) inlineOKLocked(it *item, now int64) bool {
 	default:
 		return false
 	}
-	return e.svc[k].Load() < int64(e.cfg.InlineMaxLatency)
+	lim := e.cfg.InlineMaxLatency
+	if it.r.Idle {
+		lim = e.cfg.InlineIdleLatency
+	}
+	return e.svc[k].Load() < int64(lim)
 }
 
 // runInline executes it on the calling goroutine and completes it.

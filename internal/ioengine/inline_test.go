@@ -68,6 +68,21 @@ func TestInlineSlowBackendUsesWorkers(t *testing.T) {
 	if s := e.Stats(); s.Inlined > 3 {
 		t.Fatalf("%d of %d reads on a 200µs backend ran inline (limit 30µs)", s.Inlined, n)
 	}
+
+	// The same requests marked Idle (queue depth 1) run inline when the
+	// backend is within InlineIdleLatency (set far above the 200µs, since
+	// sleeps overshoot on a loaded machine; InlineMaxLatency stays 30µs).
+	e = ioengine.New(backendtest.NewDelay(backend.NewMem(1<<20), 200*time.Microsecond, 0),
+		ioengine.Config{InlineIdleLatency: 50 * time.Millisecond})
+	for i := 0; i < n; i++ {
+		if err := e.Do(&ioengine.Request{Op: ioengine.OpRead, Offset: 0, Length: 4096, Data: buf, Inline: true, Idle: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Close()
+	if s := e.Stats(); s.Inlined < n/2 {
+		t.Fatalf("only %d of %d Idle reads on a 200µs backend ran inline (limit 50ms)", s.Inlined, n)
+	}
 }
 
 // TestInlineWorkerBound: inline calls count against Workers.

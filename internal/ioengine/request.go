@@ -53,6 +53,11 @@ type Request struct {
 	// submitters whose Done may run inside Submit and who can afford
 	// Submit blocking for one backend call (e.g. an NBD connection reader).
 	Inline bool
+	// Idle (with Inline) says the submitter has nothing else queued (e.g.
+	// no further request is buffered on the connection): it loses no
+	// pipelining by blocking, so the engine may inline calls up to
+	// Config.InlineIdleLatency instead of InlineMaxLatency.
+	Idle bool
 
 	// Err is set by the engine before Done is called.
 	Err error

@@ -361,6 +361,10 @@ func (c *conn) dispatch(t *txState, o *op) {
 	// decides; see ioengine.Request.Inline): blocking the reader for one
 	// fast backend call is cheaper than two goroutine hand-offs, and a
 	// slow backend makes the engine use its workers instead.
+	// Idle: no further request is buffered, so the client is likely
+	// waiting for this one (queue depth 1) and blocking the reader for a
+	// slower call loses no pipelining.
+	r.Idle = r.Inline && t.br.Buffered() < proto.RequestSize
 	o.state.Store(stSubmitting)
 	c.dev.Submit(r)
 	if !o.state.CompareAndSwap(stSubmitting, stAsync) {

@@ -54,8 +54,13 @@ vet:
 unit:
 	$(GO) test -count=1 -timeout $(TIMEOUT) $$($(GO) list ./... | grep -Ev '$(RACE_RE)')
 
+# The engine's merge tests measure a scheduling policy (write gathering), so
+# the engine package runs alone, not beside another -race test binary that
+# competes for the two CI cores; the rest run in parallel as usual.
+ENGINE_PKG := ./internal/ioengine/...
 race:
-	@pkgs=$$($(GO) list ./... | grep -E '$(RACE_RE)'); \
+	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(ENGINE_PKG)
+	@pkgs=$$($(GO) list ./... | grep -E '$(RACE_RE)' | grep -v '/internal/ioengine'); \
 	if [ -n "$$pkgs" ]; then echo "$(GO) test -race $$pkgs"; $(GO) test -race -count=1 -timeout $(TIMEOUT) $$pkgs; fi
 
 # Each fuzz target (found by grepping for `func Fuzz`) for FUZZTIME.

@@ -86,19 +86,9 @@ See docs/replication.md for protocols, states and split brain.`,
 			Use: use + " VOLUME", Short: short, Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				if path == "promote" && force {
-					path = "promote-force"
+					return replOp(dataDir, args[0], "promote-force")
 				}
-				c, err := daemon.Dial(dataDir)
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				var st driver.Status
-				if err := c.Do("POST", "/v1/repl/"+args[0]+"/"+path, nil, &st); err != nil {
-					return err
-				}
-				printRepl([]driver.Status{st})
-				return nil
+				return replOp(dataDir, args[0], path)
 			},
 		}
 	}
@@ -142,19 +132,9 @@ func replVolumeCommands() []*cobra.Command {
 					return err
 				}
 				if force != nil && *force {
-					path = "promote-force"
+					return replOp(dataDir, args[0], "promote-force")
 				}
-				c, err := daemon.Dial(dataDir)
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				var st driver.Status
-				if err := c.Do("POST", "/v1/repl/"+args[0]+"/"+path, nil, &st); err != nil {
-					return err
-				}
-				printRepl([]driver.Status{st})
-				return nil
+				return replOp(dataDir, args[0], path)
 			},
 		}
 	}
@@ -188,4 +168,20 @@ func printRepl(st []driver.Status) {
 			s.Protocol, volume.HumanSize(s.OutOfSync), prog, eta, s.LastError)
 	}
 	tw.Flush()
+}
+
+// replOp posts one replication operation (promote, demote, verify, ...) for
+// volume to the running daemon and prints the volume's resulting status.
+func replOp(dataDir, volume, op string) error {
+	c, err := daemon.Dial(dataDir)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var st driver.Status
+	if err := c.Do("POST", "/v1/repl/"+volume+"/"+op, nil, &st); err != nil {
+		return err
+	}
+	printRepl([]driver.Status{st})
+	return nil
 }

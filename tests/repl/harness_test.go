@@ -18,6 +18,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/repl/driver"
+	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
 )
 
@@ -43,12 +44,7 @@ func TestMain(m *testing.M) {
 func need(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%s is required in CI", tool)
-			}
-			t.Skipf("%s not installed", tool)
-		}
+		testutil.NeedTool(t, tool)
 	}
 }
 

@@ -103,4 +103,3 @@ func termWidth(out any) int {
 	}
 	return 0
 }
-

@@ -333,8 +333,8 @@ type sample struct {
 
 const (
 	maxSamples     = 200
-	minSampleGap   = time.Minute    // repeated runs within a minute add no sample
-	minTrendSpan   = time.Hour      // shorter spans say nothing about a trend
+	minSampleGap   = time.Minute // repeated runs within a minute add no sample
+	minTrendSpan   = time.Hour   // shorter spans say nothing about a trend
 	trendWindow    = 30 * 24 * time.Hour
 	trendWarnAhead = 30 * 24 * time.Hour
 	trendFailAhead = 3 * 24 * time.Hour

@@ -95,6 +95,7 @@ func wrap(s string, width int) []string {
 	if s == "" {
 		return nil
 	}
+	width = max(width, 1) // a zero width would never make progress
 	var lines []string
 	var cur []rune
 	for _, word := range strings.Fields(s) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/ioengine"
 )
 
 // blockDev is the block device stack under the data directory: top is the
@@ -340,7 +341,7 @@ func (e *env) nrRequestsCheck(dir string) Result {
 
 // wantMaxSectorsKB is the engine's default merge limit (1 MiB): a smaller
 // max_sectors_kb splits every merged request again.
-const wantMaxSectorsKB = 1024
+const wantMaxSectorsKB = ioengine.DefaultMaxMergeBytes >> 10
 
 func (e *env) maxSectorsCheck(dir string) Result {
 	dev := devName(dir)

@@ -323,7 +323,10 @@ func checkCases() []checkCase {
 		{name: "listener on jumbo interface", tree: "good", check: "net.mtu", subject: "eth1", want: OK, ev: "listen 10.0.0.1:10809",
 			setup: func(x *fixture) { x.o.Listen = []string{"10.0.0.1:10809"}; x.f.ifs = []Interface{eth1(9000, true)} }},
 		{name: "wildcard listener, 1500", tree: "good", check: "net.mtu", subject: "eth1", want: Warn, ev: "10000 Mb/s", fix: "ip link set dev eth1 mtu 9000",
-			setup: func(x *fixture) { x.o.Listen = []string{"0.0.0.0:10809", "unix:/run/x"}; x.f.ifs = []Interface{eth1(1500, true)} }},
+			setup: func(x *fixture) {
+				x.o.Listen = []string{"0.0.0.0:10809", "unix:/run/x"}
+				x.f.ifs = []Interface{eth1(1500, true)}
+			}},
 		{name: "peer interface down", tree: "good", check: "net.mtu", subject: "eth1", want: Fail, ev: "peer 10.0.0.2:7789",
 			setup: func(x *fixture) { withPeer(x, time.Millisecond); x.f.ifs = []Interface{eth1(9000, false)} }},
 		{name: "loopback only", tree: "good", check: "net.mtu", want: OK, ev: "no listener",

@@ -142,12 +142,17 @@ func (e *env) directIOCheck() Result {
 	if e.h.DirectIO == nil {
 		return unreadable("fs.o_direct", e.probe, errNotAvailable)
 	}
+	if len(none) == 0 && !e.dirFound {
+		// Probing would mean creating a file outside any data directory.
+		r.Evidence = "no data directory yet: not probed"
+		return r
+	}
 	var err error
 	if len(none) > 0 {
 		r.Subject = none[0].meta.Name
 		err = e.h.DirectIO(none[0].raw, false)
 	} else {
-		err = e.h.DirectIO(e.probe, true)
+		err = e.h.DirectIO(e.dir, true)
 	}
 	if err == nil {
 		if len(none) > 0 {

@@ -279,15 +279,28 @@ const (
 // replFor returns the settings whose peer is addr, else the first
 // settings, else the defaults; the string says which.
 func (e *env) replFor(addr string) (Repl, string) {
+	// Zero timeouts (settings given by a caller without defaults) take the
+	// defaults: a zero limit would fail every RTT and a zero dial timeout
+	// would mean none at all.
+	norm := func(rp Repl) Repl {
+		if rp.PingTimeout <= 0 {
+			rp.PingTimeout = defPingTimeout
+		}
+		if rp.KoTimeout <= 0 {
+			rp.KoTimeout = defKoTimeout
+		}
+		rp.Protocol = orString(rp.Protocol, "C")
+		return rp
+	}
 	for _, rp := range e.repls {
 		if rp.Peer == addr {
-			return rp, "settings of volume " + rp.Volume
+			return norm(rp), "settings of volume " + rp.Volume
 		}
 	}
 	if len(e.repls) > 0 {
-		return e.repls[0], "settings of volume " + e.repls[0].Volume + " (its peer is " + e.repls[0].Peer + ")"
+		return norm(e.repls[0]), "settings of volume " + e.repls[0].Volume + " (its peer is " + e.repls[0].Peer + ")"
 	}
-	return Repl{Protocol: "C", PingTimeout: defPingTimeout, KoTimeout: defKoTimeout}, "defaults"
+	return norm(Repl{}), "defaults"
 }
 
 // RTT margins against min(ping timeout, ko timeout). The connect time is

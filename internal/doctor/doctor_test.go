@@ -287,9 +287,15 @@ func checkCases() []checkCase {
 		{name: "O_DIRECT refused, cache=none", tree: "good", check: "fs.o_direct", want: Fail, fix: "vmsan volume set vm1 --cache writeback",
 			setup: func(x *fixture) { noneVol(x); x.f.dio = syscall.EINVAL }},
 		{name: "O_DIRECT, no data directory: not probed", tree: "good", check: "fs.o_direct", want: OK, ev: "not probed",
-			setup: func(x *fixture) { x.o.DataDir = filepath.Join(x.dataDir, "missing"); x.f.dio = errors.New("must not be called") }},
+			setup: func(x *fixture) {
+				x.o.DataDir = filepath.Join(x.dataDir, "missing")
+				x.f.dio = errors.New("must not be called")
+			}},
 		{name: "peer with zero timeouts takes the defaults", tree: "good", check: "repl.link", want: OK, ev: "ping_timeout 6s, ko 10s",
-			setup: func(x *fixture) { withPeer(x, time.Millisecond); x.o.Repl = []Repl{{Volume: "v", Peer: "10.0.0.2:7789"}} }},
+			setup: func(x *fixture) {
+				withPeer(x, time.Millisecond)
+				x.o.Repl = []Repl{{Volume: "v", Peer: "10.0.0.2:7789"}}
+			}},
 		{name: "O_DIRECT refused, no cache=none", tree: "good", check: "fs.o_direct", want: Warn,
 			setup: func(x *fixture) { wbVol(x); x.f.dio = syscall.EINVAL }},
 

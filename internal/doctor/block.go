@@ -149,6 +149,11 @@ func (e *env) blockChecks() []Result {
 	if len(b.leaves) > 1 || b.leaves[0] != b.top {
 		ev += " over " + strings.Join(leafNames, ", ")
 	}
+	for _, l := range b.leaves {
+		if bf, err := readSys(filepath.Join(l, "loop", "backing_file")); err == nil {
+			ev += "; " + devName(l) + " is a loop device over " + bf + " (its queue settings matter less than those of the disk under that file)"
+		}
+	}
 	rs := []Result{{Check: "block.device", Subject: e.probe, Status: OK, Evidence: ev}}
 	for _, l := range b.leaves {
 		rs = append(rs, e.rotationalCheck(l), e.schedulerCheck(l))
@@ -228,6 +233,12 @@ func (e *env) schedulerCheck(dir string) Result {
 	rot, _, _ := isRotational(dir)
 	active, avail := activeScheduler(s)
 	r := Result{Check: "block.scheduler", Subject: dev, Status: OK, Evidence: "scheduler " + s}
+	if bf, err := readSys(filepath.Join(dir, "loop", "backing_file")); err == nil {
+		// A loop device hands its I/O to a file; the disk under that file
+		// does the scheduling that matters.
+		r.Evidence += "; loop device over " + bf + ": the disk under that file schedules the I/O"
+		return r
+	}
 	want := ""
 	switch {
 	case rot && active == "none":

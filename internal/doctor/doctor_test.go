@@ -233,6 +233,8 @@ func checkCases() []checkCase {
 			setup: func(x *fixture) { x.f.major, x.f.minor = 0, 0 }},
 		{name: "btrfs anonymous dev", tree: "btrfs", check: "block.device", want: OK, ev: "sdb",
 			setup: func(x *fixture) { x.f.major, x.f.minor = 0, 27 }},
+		{name: "loop device", tree: "loop", check: "block.device", want: OK, ev: "loop3 is a loop device over /var/tmp/ext4.img",
+			setup: func(x *fixture) { x.f.major, x.f.minor = 7, 3 }},
 		{name: "overlay", tree: "overlay", check: "block.device", want: Warn, ev: "no block device", fix: "ext4 or xfs",
 			setup: func(x *fixture) { x.f.major, x.f.minor = 0, 120 }},
 
@@ -245,6 +247,8 @@ func checkCases() []checkCase {
 		{name: "hdd mq-deadline", tree: "good", check: "block.scheduler", want: OK},
 		{name: "hdd none", tree: "bad", check: "block.scheduler", want: Warn, fix: "echo mq-deadline > /sys/block/sda/queue/scheduler"},
 		{name: "nvme none", tree: "dm-nvme", check: "block.scheduler", subject: "nvme1n1", want: OK, setup: func(x *fixture) { x.f.major = 0 }},
+		{name: "loop device without scheduler", tree: "loop", check: "block.scheduler", subject: "loop3", want: OK, ev: "loop device over /var/tmp/ext4.img",
+			setup: func(x *fixture) { x.f.major, x.f.minor = 7, 3 }},
 		{name: "nvme bfq", tree: "dm-nvme-bfq", check: "block.scheduler", subject: "nvme1n1", want: Warn, fix: "echo none > /sys/block/nvme1n1/queue/scheduler",
 			setup: func(x *fixture) { x.f.major = 0 }},
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
+	"github.com/vmsan/vmsan/internal/sdnotify"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -92,7 +93,8 @@ accepting, drain in-flight requests, flush every volume and exit 0.`,
 			defer stop()
 			// After the first signal starts the graceful drain, restore the
 			// default action so a second Ctrl-C kills a drain that hangs.
-			go func() { <-ctx.Done(); stop() }()
+			go func() { <-ctx.Done(); sdnotify.Stopping("draining"); stop() }()
+			sdnotify.Ready("serving") // New bound every listener; systemd may start clients
 			return d.Run(ctx)
 		},
 	}

@@ -26,7 +26,6 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -68,6 +67,7 @@ type Daemon struct {
 	log   *slog.Logger
 	store *volume.Store
 	srv   *server.Server
+	tls   *serverTLS // nil when TLS is off
 
 	mu   sync.Mutex                      // serialises changes to vols
 	vols atomic.Pointer[map[string]*vol] // copy-on-write snapshot
@@ -219,9 +219,12 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 
-	tlsCfg, err := loadTLS(cfg.TLS)
-	if err != nil {
+	if d.tls, err = newServerTLS(cfg.TLS); err != nil {
 		return nil, err
+	}
+	var tlsCfg *tls.Config
+	if d.tls != nil {
+		tlsCfg = d.tls.base()
 	}
 	d.srv = server.New(server.Config{
 		Registry:   registry{d},
@@ -456,30 +459,6 @@ type unixListener struct {
 }
 
 func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
-
-func loadTLS(t config.TLS) (*tls.Config, error) {
-	if t.Mode == "" || t.Mode == "off" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
-	}
-	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca %s: no certificates found", t.CA)
-		}
-		c.ClientCAs = pool
-		c.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return c, nil
-}
 
 // NBDAddrs returns the bound NBD listener addresses in configuration order.
 func (d *Daemon) NBDAddrs() []net.Addr {

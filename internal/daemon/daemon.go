@@ -69,7 +69,10 @@ type Daemon struct {
 	srv   *server.Server
 	tls   *serverTLS // nil when TLS is off
 
-	mu   sync.Mutex                      // serialises changes to vols
+	// mu serialises changes to vols, and guards the fields of cfg that
+	// Reload changes (LogLevel, Volumes, TLS file names); the others are
+	// fixed after New.
+	mu   sync.Mutex
 	vols atomic.Pointer[map[string]*vol] // copy-on-write snapshot
 
 	nbdLns    []net.Listener
@@ -84,6 +87,9 @@ type Daemon struct {
 
 	serveErr chan error
 	closed   atomic.Bool
+
+	reloadMu sync.Mutex     // serialises Reload
+	level    *slog.LevelVar // the log level, when New made the logger
 
 	// plugins are set in New before anything is served, then read-only.
 	plugins     []Plugin
@@ -196,10 +202,13 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		opts.ShutdownTimeout = 30 * time.Second
 	}
 	log := opts.Logger
+	var level *slog.LevelVar
 	if log == nil {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
+		level = new(slog.LevelVar)
+		level.Set(logLevel(cfg.LogLevel))
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
-	d := &Daemon{cfg: cfg, opts: opts, log: log, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
+	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
 	empty := map[string]*vol{}
 	d.vols.Store(&empty)
 	defer func() {

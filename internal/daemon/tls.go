@@ -74,7 +74,7 @@ func (s *serverTLS) reload(t config.TLS) error {
 func loadTLS(t config.TLS) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
 	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
+		return nil, fmt.Errorf("tls cert %s, key %s: %w", t.Cert, t.Key, err)
 	}
 	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if t.CA != "" {

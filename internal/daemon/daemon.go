@@ -18,6 +18,11 @@
 // by then; so is every write acknowledged before it, because engine Close
 // syncs.
 //
+// Reload (reload.go; SIGHUP in `vmsan serve` through HandleReloads) applies
+// a new configuration without dropping clients: new volumes, TLS files, log
+// level; what needs a restart is logged. TLS material lives in serverTLS
+// (tls.go) so new handshakes pick up rotated certificates.
+//
 // Concurrency: Daemon methods are safe for concurrent use. Control
 // operations that change the set of volumes are serialised by mu; the NBD
 // data path reads an immutable snapshot of the volume map and never takes mu.
@@ -608,6 +613,10 @@ func (d *Daemon) Shutdown() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	// Wait for a reload in progress (it may be opening a volume that
+	// closeAll must see); later ones see closed and do nothing.
+	d.reloadMu.Lock()
+	d.reloadMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.ShutdownTimeout)
 	defer cancel()
 	var errs []error

@@ -76,6 +76,12 @@ func (d *Daemon) Reload(next config.Config) error {
 			return err
 		}
 		d.log.Info("TLS certificates reloaded; new connections use them", "cert", next.TLS.Cert, "ca", next.TLS.CA)
+		switch {
+		case cur.TLS.CA != "" && next.TLS.CA == "":
+			d.log.Warn("tls.ca removed: new connections no longer need a client certificate")
+		case cur.TLS.CA == "" && next.TLS.CA != "":
+			d.log.Warn("tls.ca set: new connections need a client certificate; connected clients stay")
+		}
 	}
 
 	restart := func(setting string, args ...any) {

@@ -18,6 +18,11 @@
 // by then; so is every write acknowledged before it, because engine Close
 // syncs.
 //
+// Reload (reload.go; SIGHUP in `vmsan serve` through HandleReloads) applies
+// a new configuration without dropping clients: new volumes, TLS files, log
+// level; what needs a restart is logged. TLS material lives in serverTLS
+// (tls.go) so new handshakes pick up rotated certificates.
+//
 // Concurrency: Daemon methods are safe for concurrent use. Control
 // operations that change the set of volumes are serialised by mu; the NBD
 // data path reads an immutable snapshot of the volume map and never takes mu.
@@ -26,7 +31,6 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -68,8 +72,12 @@ type Daemon struct {
 	log   *slog.Logger
 	store *volume.Store
 	srv   *server.Server
+	tls   *serverTLS // nil when TLS is off
 
-	mu   sync.Mutex                      // serialises changes to vols
+	// mu serialises changes to vols, and guards the fields of cfg that
+	// Reload changes (LogLevel, Volumes, TLS file names); the others are
+	// fixed after New.
+	mu   sync.Mutex
 	vols atomic.Pointer[map[string]*vol] // copy-on-write snapshot
 
 	nbdLns    []net.Listener
@@ -84,6 +92,9 @@ type Daemon struct {
 
 	serveErr chan error
 	closed   atomic.Bool
+
+	reloadMu sync.Mutex     // serialises Reload
+	level    *slog.LevelVar // the log level, when New made the logger
 
 	// plugins are set in New before anything is served, then read-only.
 	plugins     []Plugin
@@ -196,10 +207,13 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		opts.ShutdownTimeout = 30 * time.Second
 	}
 	log := opts.Logger
+	var level *slog.LevelVar
 	if log == nil {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
+		level = new(slog.LevelVar)
+		level.Set(logLevel(cfg.LogLevel))
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
-	d := &Daemon{cfg: cfg, opts: opts, log: log, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
+	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
 	empty := map[string]*vol{}
 	d.vols.Store(&empty)
 	defer func() {
@@ -219,9 +233,12 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 
-	tlsCfg, err := loadTLS(cfg.TLS)
-	if err != nil {
+	if d.tls, err = newServerTLS(cfg.TLS); err != nil {
 		return nil, err
+	}
+	var tlsCfg *tls.Config
+	if d.tls != nil {
+		tlsCfg = d.tls.base()
 	}
 	d.srv = server.New(server.Config{
 		Registry:   registry{d},
@@ -457,30 +474,6 @@ type unixListener struct {
 
 func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
 
-func loadTLS(t config.TLS) (*tls.Config, error) {
-	if t.Mode == "" || t.Mode == "off" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
-	}
-	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca %s: no certificates found", t.CA)
-		}
-		c.ClientCAs = pool
-		c.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return c, nil
-}
-
 // NBDAddrs returns the bound NBD listener addresses in configuration order.
 func (d *Daemon) NBDAddrs() []net.Addr {
 	out := make([]net.Addr, len(d.nbdLns))
@@ -620,6 +613,10 @@ func (d *Daemon) Shutdown() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	// Wait for a reload in progress (it may be opening a volume that
+	// closeAll must see); later ones see closed and do nothing.
+	d.reloadMu.Lock()
+	d.reloadMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.ShutdownTimeout)
 	defer cancel()
 	var errs []error

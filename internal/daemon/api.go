@@ -39,6 +39,9 @@ type VolumeInfo struct {
 	// Exports is the number of current references from front ends
 	// (connected NBD clients).
 	Exports int64 `json:"exports"`
+	// Problem says why a volume that is not open cannot be served (e.g. a
+	// damaged raw file and the command that repairs it).
+	Problem string `json:"problem,omitempty"`
 }
 
 // CreateRequest is the body of POST /v1/volumes. Size accepts units

@@ -20,17 +20,14 @@ import (
 const maxBodyBytes = 64 << 10
 
 func (d *Daemon) startControl() error {
-	// Only the owner (root, normally) may create or delete volumes. Bind
-	// under a temporary name, restrict it, then rename it into place, so the
-	// socket never appears under its real name with the umask's permissions.
+	// Only the owner (root, normally) may create or delete volumes: the
+	// socket is ControlSocketMode from the start (see listenUnix). Bind
+	// under a temporary name, then rename it into place, so a client never
+	// finds a socket under the real name that is not yet served.
 	// (Holding the data-dir lock means no other daemon uses either name.)
 	tmp := filepath.Join(d.cfg.DataDir, ".control.sock.tmp")
-	ln, err := listenUnix(tmp)
+	ln, err := listenUnix(tmp, ControlSocketMode)
 	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		ln.Close()
 		return fmt.Errorf("control socket: %w", err)
 	}
 	if err := os.Rename(tmp, d.ControlPath()); err != nil {
@@ -102,6 +99,8 @@ func (d *Daemon) info(m volume.Meta) VolumeInfo {
 	if v := (*d.vols.Load())[m.Name]; v != nil {
 		vi.Open = true
 		vi.Exports = v.refs.Load()
+	} else if err := d.store.CheckRaw(m.Name); err != nil {
+		vi.Problem = err.Error()
 	}
 	return vi
 }

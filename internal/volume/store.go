@@ -452,6 +452,17 @@ func checkSize(size int64, lbs uint32) error {
 	return nil
 }
 
+// sizeErr turns "the filesystem cannot hold a file this large" (EFBIG,
+// or EINVAL from ftruncate) into ErrBadSize: a size within MaxSize can
+// still be too large for the filesystem (ext4's limit is 16 TiB), and that
+// is bad input, not a server failure.
+func sizeErr(err error, size int64) error {
+	if errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("%w: the filesystem cannot hold a file of %d bytes (%s): %v", ErrBadSize, size, HumanSize(size), err)
+	}
+	return err
+}
+
 func validBlockSize(n uint32) bool { return n >= 512 && n <= 64<<10 && n&(n-1) == 0 }
 
 // Create makes a new thin volume: a sparse raw file of o.Size bytes (no
@@ -522,7 +533,7 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 	f.Close()
 	if err != nil {
 		os.Remove(s.RawPath(o.Name))
-		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, err)
+		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, sizeErr(err, o.Size))
 	}
 	if err := s.writeMeta(m); err != nil {
 		os.Remove(s.RawPath(o.Name))
@@ -671,7 +682,7 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	if err != nil {
 		// Put the old size back so metadata and file agree again.
 		s.writeMeta(old)
-		return Meta{}, fmt.Errorf("volume %s: resize: %w", name, err)
+		return Meta{}, fmt.Errorf("volume %s: resize: %w", name, sizeErr(err, size))
 	}
 	m.ResizeFrom = 0
 	// If clearing the mark fails, the file already has the new size and

@@ -750,3 +750,15 @@ func (s *Store) Delete(name string, force bool) error {
 	os.RemoveAll(filepath.Join(s.vdir, name+stateExt))
 	return nil
 }
+
+// ReadMeta reads a volume's metadata from the data directory dir without
+// opening the store or taking its lock: for tools that only need to know
+// that a volume exists (e.g. `vmsan repl configure`) while a daemon may be
+// running. Safe because metadata files are only ever replaced atomically.
+func ReadMeta(dir, name string) (Meta, error) {
+	if err := ValidateName(name); err != nil {
+		return Meta{}, err
+	}
+	s := &Store{dir: dir, vdir: filepath.Join(dir, VolumesDir)}
+	return s.get(name)
+}

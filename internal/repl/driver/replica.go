@@ -167,7 +167,6 @@ func Start(o Options) (*Replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, words, al = checkDataID(m, words, al, found, o.DataID, log)
 	if st.al, err = openALFile(o.Dir); err != nil {
 		return nil, err
 	}
@@ -192,6 +191,7 @@ func Start(o Options) (*Replica, error) {
 			m.Gens.Current = randGen()
 		}
 	}
+	m, words, al = checkDataID(m, words, al, found, o.DataID, log)
 	cfg := repl.Config{
 		NodeID: s.NodeID, Size: o.Device.Info().Size, Protocol: proto, SplitBrain: sb,
 		PingInterval: s.PingInterval, PingTimeout: s.PingTimeout, KoTicks: s.KoTicks, ALRetireTicks: s.ALRetireTicks,

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // TestControlBadInput: every control endpoint answers bad input with a 4xx
@@ -159,5 +161,28 @@ func TestSocketModesUnderUmask000(t *testing.T) {
 		if st.Mode().Perm() != want {
 			t.Errorf("%s: mode %v, want %v", p, st.Mode().Perm(), want)
 		}
+	}
+}
+
+// TestSecondDaemonRefusedWithoutLockFile: removing vmsan.lock while a
+// daemon runs does not let a second daemon start on the same directory
+// (the flock is on the directory itself).
+func TestSecondDaemonRefusedWithoutLockFile(t *testing.T) {
+	dir := t.TempDir()
+	start(t, dir, nil)
+	if err := os.Remove(filepath.Join(dir, volume.LockFileName)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.DataDir = dir
+	cfg.Listen = []string{"127.0.0.1:0"}
+	cfg.LogLevel = "warn"
+	d, err := New(cfg, Options{})
+	if err == nil {
+		d.Shutdown()
+		t.Fatal("a second daemon started on the same data directory")
+	}
+	if !errors.Is(err, volume.ErrLocked) {
+		t.Fatalf("second daemon: %v, want ErrLocked", err)
 	}
 }

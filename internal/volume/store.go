@@ -665,6 +665,11 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	if size < m.Size && !force {
 		return Meta{}, fmt.Errorf("volume %s: %w (%d -> %d bytes)", name, ErrShrink, m.Size, size)
 	}
+	// A damaged volume's file is not the size the metadata says: resizing
+	// it would cut or extend bytes nobody asked about. Repair it first.
+	if err := s.checkRaw(m); err != nil {
+		return Meta{}, err
+	}
 	old := m
 	m.Size, m.ResizeFrom = size, old.Size
 	// Metadata first, with the old size: it is the commit point, and the

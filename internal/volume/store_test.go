@@ -309,6 +309,13 @@ func TestDamagedRawNotTouched(t *testing.T) {
 		}
 	}
 
+	// Resizing a damaged volume would cut or extend the file: refused.
+	if _, err := s.Resize("big", 3<<19, false); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("resize of a damaged volume: %v", err)
+	}
+	if st, _ := os.Stat(big); st.Size() != 1<<20+4096 {
+		t.Fatalf("resize changed a damaged file to %d bytes", st.Size())
+	}
 	// Repairs: each fits its damage, and each changes the data identity.
 	ids := map[string]string{}
 	for _, n := range []string{"big", "small", "gone"} {

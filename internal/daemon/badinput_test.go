@@ -186,3 +186,42 @@ func TestSecondDaemonRefusedWithoutLockFile(t *testing.T) {
 		t.Fatalf("second daemon: %v, want ErrLocked", err)
 	}
 }
+
+// TestDamagedConfigVolume: a volume declared in the config whose raw file
+// is missing is not recreated, not grown to its configured size, and does
+// not keep the daemon (or the other volumes) from starting; info says how
+// to repair it.
+func TestDamagedConfigVolume(t *testing.T) {
+	dir := t.TempDir()
+	s, err := volume.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"c", "ok"} {
+		if _, err := s.Create(volume.CreateOptions{Name: n, Size: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw := s.RawPath("c")
+	s.Close()
+	os.Remove(raw)
+	r := start(t, dir, func(c *config.Config) {
+		c.Volumes = []config.Volume{{Name: "c", Size: 2 << 20}, {Name: "ok", Size: 1 << 20}}
+	})
+	if _, err := os.Stat(raw); !os.IsNotExist(err) {
+		t.Fatalf("missing raw file recreated: %v", err)
+	}
+	vols := *r.d.vols.Load()
+	if vols["c"] != nil || vols["ok"] == nil {
+		t.Fatalf("exported: c=%v ok=%v", vols["c"] != nil, vols["ok"] != nil)
+	}
+	c, err := Dial(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	vi, err := c.Info("c")
+	if err != nil || vi.Size != 1<<20 || !strings.Contains(vi.Problem, "vmsan volume repair c --recreate") {
+		t.Fatalf("info: %+v %v", vi, err)
+	}
+}

@@ -296,6 +296,11 @@ func (d *Daemon) ensureVolumes() error {
 			d.log.Info("created volume from config", "volume", cv.Name, "size", int64(cv.Size))
 		case err != nil:
 			return err
+		case d.store.CheckRaw(cv.Name) != nil:
+			// Damaged: openAll reports it with the repair command; one
+			// damaged volume must not keep the others from being served,
+			// and its size or settings are not touched until repaired.
+			continue
 		case int64(cv.Size) > m.Size:
 			if _, err := d.store.Resize(cv.Name, int64(cv.Size), false); err != nil {
 				return err

@@ -141,10 +141,11 @@ func newIdentity(f *os.File, m *Meta) error {
 	if err != nil {
 		return err
 	}
+	// Any failure to set the attribute (unsupported, or refused, e.g. a
+	// filesystem mounted without user_xattr) leaves the inode fingerprint
+	// alone to identify the file.
 	if err := unix.Fsetxattr(int(f.Fd()), dataIDXattr, []byte(id), 0); err == nil {
 		fid.Xattr = true
-	} else if !errors.Is(err, unix.ENOTSUP) && !errors.Is(err, unix.EOPNOTSUPP) {
-		return err
 	}
 	if fid.Xattr {
 		// The attribute must be durable before the metadata names it.

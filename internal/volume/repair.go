@@ -106,6 +106,7 @@ func (s *Store) Repair(name string, mode RepairMode) (Meta, error) {
 	if err := s.writeMeta(m); err != nil {
 		return Meta{}, err
 	}
+	delete(s.unverified, name)
 	s.idChanged[name] = true
 	return m, nil
 }

@@ -175,6 +175,9 @@ type Store struct {
 	closed    bool
 	notices   []Notice
 	idChanged map[string]bool
+	// unverified holds volumes whose data identity Open could not check or
+	// record: they are not served (CheckRaw) rather than served unchecked.
+	unverified map[string]error
 }
 
 // Notice is something Open did or found that the operator should see in
@@ -242,7 +245,7 @@ func Open(dir string) (*Store, error) {
 	}
 	lf.Truncate(0)
 	lf.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	s := &Store{dir: dir, vdir: vdir, lock: lf, dirLock: dl, idChanged: map[string]bool{}}
+	s := &Store{dir: dir, vdir: vdir, lock: lf, dirLock: dl, idChanged: map[string]bool{}, unverified: map[string]error{}}
 	s.tightenAll()
 	atomicfile.RemoveTemps(vdir)
 	if err := s.reconcile(); err != nil {
@@ -326,24 +329,43 @@ func (s *Store) reconcileOne(m Meta) {
 	if st.Size() != m.Size {
 		return // CheckRaw reports it
 	}
+	// From here on, failing to check or record the identity must not let
+	// the volume be served unchecked: replication would trust stale state.
+	unverified := func(err error) {
+		s.unverified[m.Name] = fmt.Errorf("volume %s: %w: cannot check the data identity of %s: %v", m.Name, ErrDamaged, p, err)
+	}
 	f, err := os.Open(p)
 	if err != nil {
+		unverified(err)
 		return
 	}
 	defer f.Close()
 	if m.DataID == "" {
 		// Metadata from before data identities: adopt this file.
-		if newIdentity(f, &m) == nil && s.writeMeta(m) == nil {
+		if err := newIdentity(f, &m); err != nil {
+			unverified(err)
+		} else if err := s.writeMeta(m); err != nil {
+			unverified(err)
+		} else {
 			s.notice(m.Name, false, "recorded a data identity for %s (%s)", p, m.DataID)
 		}
 		return
 	}
 	ok, why, err := identityMatches(f, m)
-	if err != nil || ok {
+	if err != nil {
+		unverified(err)
+		return
+	}
+	if ok {
 		return
 	}
 	old := m.DataID
-	if newIdentity(f, &m) != nil || s.writeMeta(m) != nil {
+	if err := newIdentity(f, &m); err != nil {
+		unverified(err)
+		return
+	}
+	if err := s.writeMeta(m); err != nil {
+		unverified(err)
 		return
 	}
 	s.idChanged[m.Name] = true
@@ -367,6 +389,9 @@ func (s *Store) CheckRaw(name string) error {
 }
 
 func (s *Store) checkRaw(m Meta) error {
+	if err := s.unverified[m.Name]; err != nil {
+		return err
+	}
 	p := s.RawPath(m.Name)
 	st, err := os.Lstat(p)
 	switch {
@@ -753,6 +778,8 @@ func (s *Store) Delete(name string, force bool) error {
 	}
 	os.Remove(s.RawPath(name))
 	os.RemoveAll(filepath.Join(s.vdir, name+stateExt))
+	delete(s.unverified, name)
+	delete(s.idChanged, name)
 	return nil
 }
 

@@ -119,3 +119,26 @@ func TestReplacedSecondaryDataFullSync(t *testing.T) {
 		t.Fatalf("clean restart after the repair resynced %d bytes", got)
 	}
 }
+
+// `vmsan repl configure ../../x` used to write ../../x/config.json outside
+// the data directory, and configure volumes that do not exist.
+func TestReplConfigureValidatesVolume(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "d", "data")
+	n := &node{t: t, name: "a", dir: dir}
+	n.run("volume", "create", volName, "--size", "1M")
+	for _, v := range []string{"../../x", "nope"} {
+		out, err := exec.Command(vmsanBin, "repl", "configure", v, "--listen", "127.0.0.1:1", "--peer", "127.0.0.1:2", "--data-dir", dir).CombinedOutput()
+		if err == nil {
+			t.Errorf("configure %q succeeded: %s", v, out)
+		}
+		t.Logf("configure %q: %s", v, strings.TrimSpace(string(out)))
+	}
+	filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {
+		if d != nil && d.Name() == "config.json" {
+			t.Errorf("settings written to %s", p)
+		}
+		return nil
+	})
+	n.run("repl", "configure", volName, "--listen", "127.0.0.1:1", "--peer", "127.0.0.1:2")
+}

@@ -144,7 +144,9 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	case "disconnect":
 		err = r.Disconnect()
 	default:
-		err = errors.New("unknown operation")
+		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found",
+			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, verify, connect or disconnect)", req.PathValue("op"))})
+		return
 	}
 	if err != nil {
 		writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict", Message: err.Error()})

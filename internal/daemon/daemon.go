@@ -43,6 +43,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
@@ -225,6 +226,17 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	if d.store, err = volume.Open(cfg.DataDir); err != nil {
 		return nil, err
 	}
+	for _, n := range d.store.Notices() {
+		lvl := slog.LevelInfo
+		if n.Warn {
+			lvl = slog.LevelWarn
+		}
+		if n.Volume != "" {
+			log.Log(context.Background(), lvl, n.Msg, "volume", n.Volume)
+		} else {
+			log.Log(context.Background(), lvl, n.Msg)
+		}
+	}
 	d.store.SetHooks(volume.Hooks{InUse: d.inUse, Resize: d.resizeHook})
 	if err = d.ensureVolumes(); err != nil {
 		return nil, err
@@ -301,6 +313,11 @@ func (d *Daemon) ensureVolumes() error {
 			d.log.Info("created volume from config", "volume", cv.Name, "size", int64(cv.Size))
 		case err != nil:
 			return err
+		case d.store.CheckRaw(cv.Name) != nil:
+			// Damaged: openAll reports it with the repair command; one
+			// damaged volume must not keep the others from being served,
+			// and its size or settings are not touched until repaired.
+			continue
 		case int64(cv.Size) > m.Size:
 			if _, err := d.store.Resize(cv.Name, int64(cv.Size), false); err != nil {
 				return err
@@ -381,6 +398,12 @@ func (d *Daemon) openAll() error {
 	}
 	m := map[string]*vol{}
 	for _, meta := range list {
+		if err := d.store.CheckRaw(meta.Name); err != nil {
+			// Never serve (or let replication "resync") a file that is not
+			// the volume's: the operator repairs it (the error says how).
+			d.log.Error("volume damaged; not exporting it", "volume", meta.Name, "err", err)
+			continue
+		}
 		v, err := openVol(d.store, meta, d.engineFor(meta.Name), uint32(d.cfg.MaxPayload))
 		if err != nil {
 			d.log.Error("cannot open volume; not exporting it", "volume", meta.Name, "err", err)
@@ -426,9 +449,19 @@ func (d *Daemon) resizeHook(name string, size int64) (bool, error) {
 	return true, nil
 }
 
+// NBDSocketMode is the mode of NBD Unix sockets: owner and group may
+// connect (read-write access to the volumes), others may not, whatever the
+// umask. Give a client access by group (chgrp the socket's directory and
+// socket), not by widening the mode.
+const NBDSocketMode = 0o660
+
+// ControlSocketMode is the control socket's mode: only the owner may
+// create, resize or delete volumes.
+const ControlSocketMode = 0o600
+
 func listen(l string) (net.Listener, error) {
 	if p, ok := strings.CutPrefix(l, "unix:"); ok {
-		return listenUnix(p)
+		return listenUnix(p, NBDSocketMode)
 	}
 	ln, err := net.Listen("tcp", l)
 	if err != nil {
@@ -438,8 +471,12 @@ func listen(l string) (net.Listener, error) {
 }
 
 // listenUnix removes a stale socket file (one nobody answers on) before
-// binding, so a daemon killed with -9 can be restarted.
-func listenUnix(p string) (net.Listener, error) {
+// binding, so a daemon killed with -9 can be restarted. The socket gets
+// exactly mode, independent of the umask: the socket's inode is given the
+// mode before bind (Linux creates the file with the socket inode's mode
+// minus the umask, so it is never wider than mode, not even for an
+// instant), and chmod after bind sets it exactly.
+func listenUnix(p string, mode os.FileMode) (net.Listener, error) {
 	if st, err := os.Lstat(p); err == nil {
 		if st.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("listen unix:%s: exists and is not a socket", p)
@@ -454,12 +491,23 @@ func listenUnix(p string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, err
 	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = syscall.Fchmod(int(fd), uint32(mode.Perm())) }); err != nil {
+			return err
+		}
+		return serr
+	}}
 	var ln net.Listener
 	err := withShortPath(p, func(short string) (err error) {
-		ln, err = net.Listen("unix", short)
+		ln, err = lc.Listen(context.Background(), "unix", short)
 		return err
 	})
 	if err != nil {
+		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
+	}
+	if err := os.Chmod(p, mode.Perm()); err != nil {
+		ln.Close()
 		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
 	}
 	return unixListener{ln, p}, nil

@@ -299,7 +299,9 @@ func (p *TaskMgmtRequest) Decode(b []byte) error {
 
 // loginFlags packs T, C, CSG and NSG (byte 1 of Login Request/Response).
 func loginFlags(op Opcode, transit, cont bool, csg, nsg Stage) (byte, error) {
-	if csg > 3 || csg == 2 || nsg > 3 || nsg == 2 {
+	// NSG is reserved unless T is set (RFC 7143 11.12.3), so only a
+	// transiting PDU may not name the reserved stage 2.
+	if csg > 3 || csg == 2 || nsg > 3 || transit && nsg == 2 {
 		return 0, invalid(op, "CSG/NSG", "reserved stage (CSG %d, NSG %d)", csg, nsg)
 	}
 	if transit && cont {

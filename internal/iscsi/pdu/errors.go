@@ -13,8 +13,9 @@ var (
 	// DataSegmentLength, AHSLength) exceeds the caller's or the RFC's
 	// bound; nothing was allocated for it.
 	ErrTooLong = errors.New("iscsi: length exceeds limit")
-	// ErrUnknownOpcode means byte 0 names no PDU this codec knows for the
-	// direction asked (vendor-specific opcodes included).
+	// ErrUnknownOpcode means byte 0 names no PDU RFC 7143 defines
+	// (vendor-specific opcodes included). Whether a known opcode may come
+	// from the peer's side is Opcode.FromInitiator's question.
 	ErrUnknownOpcode = errors.New("iscsi: unknown opcode")
 	// ErrInvalid means a PDU is well-framed but a field breaks a rule of
 	// RFC 7143 (reserved stage, F bit missing where it is mandatory...).

@@ -83,7 +83,20 @@ func FuzzReadPDU(f *testing.F) {
 		r := Reader{R: br, MaxData: int(maxData), Digests: d}
 		for i := 0; i < 8; i++ {
 			start := len(stream) - br.Len()
+			// A declared segment over the limit must be refused as such,
+			// whatever follows it (not read first and then refused).
+			overLimit := false
+			if _, l, perr := PeekLengths(stream[start:]); perr == nil && int(l.TotalAHSLength)*4 <= MaxTotalAHSLength {
+				limit := int(maxData)
+				if limit == 0 {
+					limit = DefaultMaxRecvDataSegmentLength
+				}
+				overLimit = int(l.DataSegmentLength) > limit
+			}
 			fr, err := r.Read()
+			if overLimit && !errors.Is(err, ErrTooLong) {
+				t.Fatalf("declared segment over the limit: got %v", err)
+			}
 			if err != nil {
 				if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, ErrTooLong) ||
 					errors.Is(err, ErrDigest) || errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnknownOpcode) {

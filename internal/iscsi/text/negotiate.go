@@ -365,7 +365,9 @@ func Negotiate(p *Params, offers []Pair, ours map[string]string, discovery bool)
 	if p.FirstBurstLength > p.MaxBurstLength {
 		p.FirstBurstLength = p.MaxBurstLength
 		for i := range out {
-			if out[i].Key == "FirstBurstLength" {
+			// Only a numerical answer is lowered; a Reject (or Irrelevant)
+			// stays what it is, and the key falls back as the RFC says.
+			if _, num := ParseNumber(out[i].Value); out[i].Key == "FirstBurstLength" && num {
 				out[i].Value = strconv.FormatUint(p.FirstBurstLength, 10)
 			}
 		}

@@ -241,6 +241,14 @@ func TestFirstBurstNotAboveMaxBurst(t *testing.T) {
 	if p.FirstBurstLength != 4096 || ans[1].Value != "4096" {
 		t.Errorf("FirstBurstLength %d, answer %v", p.FirstBurstLength, ans)
 	}
+	// A rejected FirstBurstLength stays rejected (found by FuzzNegotiate:
+	// the clamp used to turn "Reject" into a number the offerer never
+	// offered).
+	p = Defaults()
+	ans = Negotiate(&p, []Pair{{"MaxBurstLength", "1000"}, {"FirstBurstLength", ""}}, nil, false)
+	if ans[1].Value != Reject || p.FirstBurstLength != 1000 {
+		t.Errorf("rejected FirstBurstLength: answer %v, param %d", ans, p.FirstBurstLength)
+	}
 	p.FirstBurstLength = 1 << 20
 	if err := p.Check(); !errors.Is(err, ErrValue) {
 		t.Errorf("Check: %v", err)

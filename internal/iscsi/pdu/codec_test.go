@@ -295,3 +295,16 @@ func TestStrings(t *testing.T) {
 		}
 	}
 }
+
+func TestNewReject(t *testing.T) {
+	var bhs [BHSLen]byte
+	(&NOPOut{ITT: 5, CmdSN: 9}).Encode(bhs[:])
+	h, data := NewReject(RejectProtocolError, bhs, StatusSNs{StatSN: 1})
+	b, err := AppendPDU(nil, h, nil, data, Digests{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != 2*BHSLen || b[0] != 0x3f || b[2] != 0x04 || !bytes.Equal(b[16:20], []byte{0xff, 0xff, 0xff, 0xff}) || !bytes.Equal(b[BHSLen:], bhs[:]) {
+		t.Errorf("reject %x", b)
+	}
+}

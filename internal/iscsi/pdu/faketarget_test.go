@@ -8,8 +8,6 @@ import (
 	"io"
 	"math/rand"
 	"net"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
@@ -24,7 +22,6 @@ import (
 // codecs, so a capture also checks that a real initiator accepts what they
 // encode. It is test code: the production target lives elsewhere.
 type fakeTarget struct {
-	t       testing.TB
 	iqn     string
 	addr    string
 	user    string // CHAP_N the initiator must send ("" = AuthMethod None)
@@ -346,7 +343,7 @@ func capture(t *testing.T, ft *fakeTarget, tool string, args func(addr string) [
 	if err != nil {
 		t.Fatal(err)
 	}
-	ft.t, ft.addr = t, l.Addr().String()
+	ft.addr = l.Addr().String()
 	if ft.rnd == nil {
 		ft.rnd = rand.New(rand.NewSource(7))
 	}
@@ -362,11 +359,3 @@ func capture(t *testing.T, ft *fakeTarget, tool string, args func(addr string) [
 	}
 	return ft.lines, out, err
 }
-
-func portOf(addr string) int {
-	_, p, _ := net.SplitHostPort(addr)
-	n, _ := strconv.Atoi(p)
-	return n
-}
-
-var _ = strings.Join

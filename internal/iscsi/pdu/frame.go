@@ -296,3 +296,11 @@ func ParseSenseData(data []byte) ([]byte, error) {
 	}
 	return data[2 : 2+n], nil
 }
+
+// NewReject returns a Reject PDU and its data segment for a PDU the target
+// refuses: the data segment is the complete BHS of the rejected PDU (RFC
+// 7143 11.17). Send both with AppendPDU.
+func NewReject(reason RejectReason, rejected [BHSLen]byte, sns StatusSNs) (*Reject, []byte) {
+	data := rejected
+	return &Reject{Reason: reason, StatusSNs: sns}, data[:]
+}

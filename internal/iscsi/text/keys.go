@@ -85,8 +85,9 @@ func init() {
 	add(Key{Name: "ErrorRecoveryLevel", Kind: Min, Default: "0", Lo: 0, Hi: 2, Use: UseLeadingOnly | UseDiscovery, SessionWide: true})
 	add(Key{Name: "SessionType", Kind: Declarative, Default: "Normal", Values: []string{"Discovery", "Normal"}, Use: UseLeadingOnly | UseDiscovery, SessionWide: true})
 	add(Key{Name: "TaskReporting", Kind: List, Default: "RFC3720", Values: []string{"RFC3720", "ResponseFence", "FastAbort"}, Use: UseLeadingOnly, SessionWide: true})
-	// RFC 7144: the session runs at the lower of the two levels.
-	add(Key{Name: "iSCSIProtocolLevel", Kind: Min, Default: "0", Lo: 0, Hi: 31, Use: UseLeadingOnly | UseDiscovery, SessionWide: true})
+	// RFC 7144: default 1 (RFC 7143 itself), the session runs at the lower
+	// of the two levels; irrelevant in discovery sessions.
+	add(Key{Name: "iSCSIProtocolLevel", Kind: Min, Default: "1", Lo: 0, Hi: 31, Use: UseLeadingOnly, SessionWide: true})
 	// Markers were removed by RFC 7143 (13.25); RFC 3720 initiators may
 	// still offer them and are answered with No (AND) or Irrelevant.
 	add(Key{Name: "IFMarker", Kind: And, Default: "No", Use: UseInitialize})

@@ -94,7 +94,14 @@ func DecodeBinary(s string, max int) ([]byte, error) {
 		if base64.StdEncoding.DecodedLen(len(body)) > max+2 {
 			return nil, fmt.Errorf("%w: %d base64 characters exceed %d bytes", ErrFormat, len(body), max)
 		}
+		if strings.ContainsAny(body, "\r\n") {
+			// encoding/base64 skips line breaks; a text value has none.
+			return nil, fmt.Errorf("%w: line break in base64 value", ErrFormat)
+		}
 		b, err := base64.StdEncoding.DecodeString(body)
+		if err == nil && len(b) == 0 {
+			err = errors.New("empty value")
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrFormat, err)
 		}

@@ -40,7 +40,7 @@ func TestDecodeBinary(t *testing.T) {
 			t.Errorf("%q: %x %v", c.in, got, err)
 		}
 	}
-	for _, in := range []string{"", "0x", "1234", "0xzz", "0b!!", "0q12", "0x" + strings.Repeat("00", 17), "0b" + strings.Repeat("AAAA", 6)} {
+	for _, in := range []string{"", "0x", "1234", "0xzz", "0b!!", "0q12", "0x" + strings.Repeat("00", 17), "0b" + strings.Repeat("AAAA", 6), "0B\r\r", "0b\nAQI="} {
 		if _, err := DecodeBinary(in, 16); !errors.Is(err, ErrFormat) {
 			t.Errorf("%q accepted (%v)", in, err)
 		}

@@ -137,8 +137,8 @@ type item struct {
 	rprev, rnext *item // ready list (FIFO)
 	ready        bool
 	inMaps       bool  // indexed by start/end for merging
-	holdUntil    int64 // gathering backstop (engine clock); 0 = not held
-	holdCap      int64 // hard limit of the hold (MaxGatherDelay); see releaseAt
+	holdUntil    int64 // held for gathering until (engine clock); 0 = not held
+	holdCap      int64 // ... and never past this (MaxGatherDelay after held)
 	runLen       int64 // bytes of the ready run ending here, when made ready
 	mark         uint64
 	submitted    int64
@@ -547,7 +547,7 @@ func (e *Engine) noteArrivalLocked(it *item, now int64) {
 	e.lastNear, e.slotsFree = now, e.outWrites < qd
 }
 
-// holdLocked is how long a newly held write may wait for its run to grow
+// holdLocked is how long a run of held writes waits for its next write
 // before the backstop releases it: twice the recent largest inter-arrival
 // gap of the stream, so a submitter that is slow to use its free slots
 // (a loaded machine: its gaps are scheduler time slices, not
@@ -557,15 +557,13 @@ func (e *Engine) holdLocked() int64 {
 	return min(max(2*e.gapMax, e.gather), e.maxGather)
 }
 
-// releaseAt is when a held write's backstop releases it: its hold
-// deadline, or, while the latest write came with Request.More (its
-// submitter is about to submit more), the hard cap of MaxGatherDelay
-// after its run's oldest member was held.
+// releaseAt is the earliest time a held write's run can be released by
+// the backstop on its account (see runStateLocked for the run's time).
 func (e *Engine) releaseAt(it *item) int64 {
 	if e.more {
 		return it.holdCap
 	}
-	return it.holdUntil
+	return min(it.holdUntil, it.holdCap)
 }
 
 // qdEstimate is the writers' recent queue depth: the most OpWrite requests
@@ -622,15 +620,12 @@ func (e *Engine) makeReadyLocked(it *item, now int64) {
 	// the whole chain by GatherDelay per link.
 	if it.op == OpWrite && it.inMaps && e.gather > 0 && it.near && !e.closing && len(it.dependents) == 0 &&
 		e.qdEstimate() > 1 && it.end-it.off < e.cfg.MaxMergeBytes {
-		hu, hc := now+e.holdLocked(), now+e.maxGather
-		// Join the deadlines of the run this write extends, so a run's
-		// deadlines are its oldest member's and cannot slide forever.
-		// INVARIANT: 0 < holdUntil <= holdCap <= (time held) + MaxGatherDelay
-		// for every held write: the backstop bounds every hold.
-		if p := byEnd[it.off]; p != nil && p.holdUntil != 0 {
-			hu, hc = min(hu, p.holdUntil), min(hc, p.holdCap)
-		}
-		it.holdUntil, it.holdCap = hu, hc
+		// A run waits while its writes keep coming (each new member
+		// pushes its backstop to now + hold) but never past the cap of
+		// its oldest member (see runStateLocked).
+		// INVARIANT: 0 < holdUntil <= holdCap = (time held) + MaxGatherDelay
+		// for every held write: the cap bounds every hold.
+		it.holdUntil, it.holdCap = now+e.holdLocked(), now+e.maxGather
 		e.st.held++
 	}
 }
@@ -676,8 +671,23 @@ func (e *Engine) unreadyLocked(it *item) {
 // for it, when the engine closes, or when the submitters' queue is as deep
 // as it recently got (no more requests will arrive until some complete).
 func (e *Engine) pickLocked(now int64) *item {
-	if e.readyHead == nil {
+	it, expired := e.findLocked(now)
+	if it == nil {
 		return nil
+	}
+	if expired {
+		e.st.gatherTimeouts++
+	}
+	return e.takeRunLocked(it)
+}
+
+// findLocked is pickLocked's decision without taking anything: the ready
+// item whose run goes next (nil if none is due; the timer is then armed
+// for the earliest backstop), and whether it goes because a backstop
+// expired.
+func (e *Engine) findLocked(now int64) (next *item, expired bool) {
+	if e.readyHead == nil {
+		return nil, false
 	}
 	release := e.closing || e.outWrites-e.dispWrites >= e.qdEstimate()
 	e.epoch++
@@ -687,53 +697,60 @@ func (e *Engine) pickLocked(now int64) *item {
 			continue
 		}
 		if it.holdUntil != 0 && !release {
-			expired := now >= e.releaseAt(it)
-			if !expired {
-				free, exp := e.runReleasedLocked(it, now)
-				if !free {
-					if at := e.releaseAt(it); earliest == 0 || at < earliest {
-						earliest = at
-					}
-					continue
-				}
-				expired = exp
+			free, at := e.runStateLocked(it)
+			if free {
+				return it, false
 			}
-			if expired {
-				e.st.gatherTimeouts++
+			if now >= at {
+				return it, true
 			}
+			if earliest == 0 || at < earliest {
+				earliest = at
+			}
+			continue
 		}
-		return e.takeRunLocked(it)
+		return it, false
 	}
 	if earliest != 0 {
 		e.armTimerLocked(earliest, now)
 	}
-	return nil
+	return nil, false
 }
 
-// runReleasedLocked measures the contiguous run of ready writes around a
-// held item, marking its members as seen for this pick. The run goes
-// (free) if it has reached MaxMergeBytes or any member is no longer held;
-// expired says a member's backstop has passed (and the run is not full).
-func (e *Engine) runReleasedLocked(it *item, now int64) (free, expired bool) {
+// runStateLocked measures the contiguous run of ready writes around a
+// held item, marking its members as seen for this pick. The run goes now
+// (free) if it has reached MaxMergeBytes or a member is no longer held;
+// otherwise the backstop releases it at `at`: when its newest member's
+// hold has passed with no further write joining, or when its oldest
+// member has been held MaxGatherDelay, whichever comes first; while the
+// latest write came with Request.More, only at the latter.
+func (e *Engine) runStateLocked(it *item) (free bool, at int64) {
 	byStart, byEnd := e.maps(it.op)
 	total := it.end - it.off
 	it.mark = e.epoch
+	until, capAt := it.holdUntil, it.holdCap
+	note := func(x *item) {
+		x.mark = e.epoch
+		total += x.end - x.off
+		if x.holdUntil == 0 {
+			free = true
+			return
+		}
+		until, capAt = max(until, x.holdUntil), min(capAt, x.holdCap)
+	}
 	for p := byEnd[it.off]; p != nil && total < e.cfg.MaxMergeBytes; p = byEnd[p.off] {
-		p.mark = e.epoch
-		total += p.end - p.off
-		free = free || p.holdUntil == 0
-		expired = expired || p.holdUntil != 0 && now >= e.releaseAt(p)
+		note(p)
 	}
 	for q := byStart[it.end]; q != nil && total < e.cfg.MaxMergeBytes; q = byStart[q.end] {
-		q.mark = e.epoch
-		total += q.end - q.off
-		free = free || q.holdUntil == 0
-		expired = expired || q.holdUntil != 0 && now >= e.releaseAt(q)
+		note(q)
 	}
-	if total >= e.cfg.MaxMergeBytes {
-		return true, false
+	if free || total >= e.cfg.MaxMergeBytes {
+		return true, 0
 	}
-	return free || expired, expired
+	if e.more {
+		return false, capAt
+	}
+	return false, min(until, capAt)
 }
 
 // takeRunLocked removes it and its mergeable neighbours from the ready list

@@ -46,18 +46,20 @@ func (c *Clock) AfterFunc(d time.Duration, f func()) ioengine.Timer {
 	return t
 }
 
-// Advance moves the clock forward by d, running (on the calling goroutine,
-// without the clock's lock held) every timer that falls due, each with the
-// clock reading its own deadline. A timer set by a callback to a time
-// within the advanced span fires too.
+// Advance moves the clock forward by d at once, then runs (on the calling
+// goroutine, without the clock's lock held) every timer that is due, in
+// deadline order. Callbacks therefore see the clock at its new reading,
+// never at an intermediate one: an engine woken by its timer evaluates
+// every deadline against the same instant, whichever goroutine gets there
+// first, so the outcome does not depend on scheduling. (A timer that a
+// callback arms for a time already due fires in the same Advance.)
 func (c *Clock) Advance(d time.Duration) {
-	d = max(d, 0) // time never goes backwards
 	c.mu.Lock()
-	end := c.now.Add(d)
+	c.now = c.now.Add(max(d, 0)) // time never goes backwards
 	for {
 		var due *timer
 		for _, t := range c.timers {
-			if t.armed && !t.at.After(end) && (due == nil || t.at.Before(due.at)) {
+			if t.armed && !t.at.After(c.now) && (due == nil || t.at.Before(due.at)) {
 				due = t
 			}
 		}
@@ -65,15 +67,11 @@ func (c *Clock) Advance(d time.Duration) {
 			break
 		}
 		due.armed = false
-		if due.at.After(c.now) {
-			c.now = due.at
-		}
 		f := due.f
 		c.mu.Unlock()
 		f()
 		c.mu.Lock()
 	}
-	c.now = end
 	c.mu.Unlock()
 }
 

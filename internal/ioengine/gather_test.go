@@ -222,6 +222,30 @@ func TestGatherSlowSubmitter(t *testing.T) {
 	}
 }
 
+// TestGatherHoldIgnoresRoundTrip: the time a writer with a full queue
+// waits for its replies (here 2 ms per window, a slow network) is not a
+// gap to outlast: the backstop stays GatherDelay, so a writer whose queue
+// depth drops is not held for the round trip.
+func TestGatherHoldIgnoresRoundTrip(t *testing.T) {
+	f := newFakeEnv(t, 8<<20, ioengine.Config{})
+	f.prime(32)
+	blk := int64(32)
+	for window := 0; window < 4; window++ {
+		f.advance(2 * time.Millisecond)
+		for i := 0; i < 32; i++ {
+			f.write(blk, false)
+			blk++
+		}
+		f.wait()
+		if got := f.writes(); len(got) != 1 || got[0] != 32*bs {
+			t.Fatalf("window %d: backend writes %v, want one of %d", window, got, 32*bs)
+		}
+	}
+	if h := f.e.Stats().GatherHold; h != ioengine.DefaultGatherDelay {
+		t.Fatalf("backstop %v after windows 2 ms apart, want GatherDelay (%v)", h, ioengine.DefaultGatherDelay)
+	}
+}
+
 // TestGatherBackstopBounded: no hold outlasts MaxGatherDelay. Gaps longer
 // than that are not counted (a writer that pauses is not a slow one), and
 // the More hint stretches a hold only up to it.

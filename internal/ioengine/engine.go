@@ -667,9 +667,10 @@ func (e *Engine) unreadyLocked(it *item) {
 // (up to MaxMergeBytes). Returns the batch head (linked by bnext) or nil.
 //
 // Gathering policy (see package doc): a held write is released when its
-// deadline passes, when its run reaches MaxMergeBytes, when something waits
-// for it, when the engine closes, or when the submitters' queue is as deep
-// as it recently got (no more requests will arrive until some complete).
+// run reaches MaxMergeBytes, when something waits for it, when the engine
+// closes, when the submitters' queue is as deep as it recently got (no
+// more requests will arrive until some complete), or, as a backstop, when
+// its run's time is up (runStateLocked).
 func (e *Engine) pickLocked(now int64) *item {
 	it, expired := e.findLocked(now)
 	if it == nil {

@@ -94,6 +94,7 @@ type Replica struct {
 	statusMu sync.Mutex
 	status   Status
 	eta      etaEstimator
+	obs      observer // logs, disconnect kinds, ack latency (observe.go)
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -339,6 +340,7 @@ func (r *Replica) handle(ev event) {
 	switch ev.kind {
 	case evMsg:
 		if r.link != nil && ev.epoch == r.link.epoch {
+			r.ackRecv(ev.epoch, ev.msg)
 			r.node.Step(ev.msg)
 		}
 		if t := ev.msg.Type; t != repl.MsgData && t != repl.MsgRSData && len(ev.msg.Data) > 0 {
@@ -349,6 +351,7 @@ func (r *Replica) handle(ev event) {
 		if r.link != nil && ev.epoch == r.link.epoch {
 			r.log.Warn("replication link lost", "err", ev.err)
 			r.dropLink()
+			r.obs.linkErr = ev.err
 			r.node.Disconnect(ev.err.Error())
 		}
 	case evConn:
@@ -417,6 +420,7 @@ func (r *Replica) process() error {
 		}
 		for _, m := range rd.Send {
 			if r.link != nil {
+				r.ackSent(m)
 				r.link.send(m)
 			}
 		}
@@ -450,7 +454,7 @@ func (r *Replica) process() error {
 			}
 		}
 		if rd.Disconnect != "" {
-			r.log.Warn("replication disconnect", "reason", rd.Disconnect)
+			r.noteDisconnect(rd.Disconnect)
 			r.dropLink()
 		}
 	}

@@ -124,7 +124,9 @@ type observer struct {
 	linkErr error // transport error behind the next disconnect reason
 
 	rsStart time.Time // current resync
-	rsBytes int64     // bytes to sync when it started
+	rsBytes int64     // as source: bytes to sync when it started
+	rsRecv  int64     // resync bytes received as target, since start
+	rsRecv0 int64     // rsRecv when the current resync started
 
 	disc    [len(DisconnectReasons)]atomic.Uint64 // by DisconnectReasons index
 	ring    [ackRingSize]ackSlot
@@ -141,9 +143,19 @@ func (r *Replica) ackSent(m repl.Message) {
 	r.obs.ring[m.Seq%ackRingSize] = ackSlot{epoch: r.link.epoch, seq: m.Seq, at: time.Now().UnixNano()}
 }
 
-// ackRecv observes the latency of the first ack of a write. REQUIRES: loop.
-func (r *Replica) ackRecv(epoch uint64, m repl.Message) {
-	if m.Type != repl.MsgRecvAck && m.Type != repl.MsgWriteAck {
+// onRecv sees every message of the current link before the node: it
+// observes the latency of the first ack of a write and counts resync data
+// received. REQUIRES: loop.
+func (r *Replica) onRecv(epoch uint64, m repl.Message) {
+	switch m.Type {
+	case repl.MsgRSData:
+		r.obs.rsRecv += int64(len(m.Data))
+		return
+	case repl.MsgRSZero:
+		r.obs.rsRecv += m.Length
+		return
+	case repl.MsgRecvAck, repl.MsgWriteAck:
+	default:
 		return
 	}
 	s := &r.obs.ring[m.Seq%ackRingSize]
@@ -195,9 +207,6 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 	o.prev = s
 	if !o.started {
 		o.started = true
-		if syncing(s.Conn) {
-			o.rsStart, o.rsBytes = now, s.OutOfSync
-		}
 		return
 	}
 	log := r.log
@@ -230,6 +239,10 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 	if syncing(p.Conn) && s.Conn != p.Conn {
 		secs := now.Sub(o.rsStart).Seconds()
 		if s.Conn == repl.Connected {
+			if p.Conn == repl.SyncTarget {
+				// The target knows what it received, not what was due.
+				o.rsBytes = o.rsRecv - o.rsRecv0
+			}
 			rate := 0.0
 			if secs > 0 {
 				rate = float64(o.rsBytes) / secs
@@ -242,11 +255,17 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 		}
 	}
 	if syncing(s.Conn) && s.Conn != p.Conn {
-		o.rsStart, o.rsBytes = now, s.OutOfSync
+		o.rsStart, o.rsBytes, o.rsRecv0 = now, s.OutOfSync, o.rsRecv
 		if s.Conn == repl.SyncSource && s.ResyncTotal > 0 {
 			o.rsBytes = s.ResyncTotal
 		}
-		log.Info("resync started", "direction", direction(s.Conn), "bytes", o.rsBytes, "peer", r.set.Peer)
+		if s.Conn == repl.SyncSource {
+			log.Info("resync started", "direction", direction(s.Conn), "bytes", o.rsBytes, "peer", r.set.Peer)
+		} else {
+			// The source decides what to send (its bitmap, or everything
+			// for a full sync); our own out-of-sync count is a part.
+			log.Info("resync started", "direction", direction(s.Conn), "local_out_of_sync_bytes", s.OutOfSync, "peer", r.set.Peer)
+		}
 	}
 	if p.Conn == repl.VerifySource && s.Conn == repl.Connected {
 		log.Info("online verify finished", "verified_bytes", s.Stats.VerifiedBytes, "mismatch_bytes", s.Stats.VerifyDiff)

@@ -340,7 +340,7 @@ func (r *Replica) handle(ev event) {
 	switch ev.kind {
 	case evMsg:
 		if r.link != nil && ev.epoch == r.link.epoch {
-			r.ackRecv(ev.epoch, ev.msg)
+			r.onRecv(ev.epoch, ev.msg)
 			r.node.Step(ev.msg)
 		}
 		if t := ev.msg.Type; t != repl.MsgData && t != repl.MsgRSData && len(ev.msg.Data) > 0 {
@@ -458,6 +458,7 @@ func (r *Replica) process() error {
 			r.dropLink()
 		}
 	}
+	r.obs.pending.Store(int64(len(r.clients)))
 	return nil
 }
 

@@ -99,7 +99,6 @@ func (r *Replica) publish() {
 		r.eta = etaEstimator{}
 	}
 	st.PendingWrites = len(r.clients)
-	r.obs.pending.Store(int64(st.PendingWrites))
 	r.observe(s, time.Now())
 	r.statusMu.Lock()
 	r.status = st
@@ -109,6 +108,9 @@ func (r *Replica) publish() {
 // Status returns the latest snapshot.
 func (r *Replica) Status() Status {
 	r.statusMu.Lock()
-	defer r.statusMu.Unlock()
-	return r.status
+	st := r.status
+	r.statusMu.Unlock()
+	// Current, not as of the last publish (up to a tick old).
+	st.PendingWrites = int(r.obs.pending.Load())
+	return st
 }

@@ -29,7 +29,10 @@ import (
 //	POST /v1/repl/{volume}/{op}   op: promote, promote-force, demote,
 //	                              verify, connect, disconnect
 //
-// and `vmsan status` gains a "replication" section.
+//	GET  /v1/repl                 every replica's Status (JSON list)
+//
+// `vmsan status` gains a "replication" section, and /metrics the
+// vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
 	dataDir string
 	log     *slog.Logger

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/repl/driver"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -116,4 +121,54 @@ func filterRepl(sts []driver.Status, name string) ([]driver.Status, error) {
 		return nil, fmt.Errorf("volume %q is not replicated on this node (no replicated volumes)", name)
 	}
 	return nil, fmt.Errorf("volume %q is not replicated on this node (replicated: %s)", name, strings.Join(names, ", "))
+}
+
+// replStatusCommand is `vmsan repl status [VOLUME] [--json]`; dataDir is
+// the repl command's persistent flag.
+func replStatusCommand(dataDir *string) *cobra.Command {
+	var asJSON bool
+	status := &cobra.Command{
+		Use:   "status [VOLUME]",
+		Short: "Roles, disk and connection states, resync progress/ETA and out-of-sync amount (drbdadm status layout)",
+		Long: `Print one block per replicated volume, laid out like drbdadm status:
+
+  vm1 role:Primary
+    disk:UpToDate
+    peer role:Secondary
+      replication:SyncSource peer-disk:Inconsistent done:43.20 out-of-sync:5120KiB rate:20480KiB/s eta:1s
+
+While the peer is not connected only its connection state is shown
+("peer connection:Connecting"), with the out-of-sync amount and the
+last disconnect reason. --json prints the same as a list of objects
+(fields documented in docs/replication.md).`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := daemon.Dial(*dataDir)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var st []driver.Status
+			if err := c.Do("GET", "/v1/repl", nil, &st); err != nil {
+				// Without replicated volumes the daemon has no /v1/repl.
+				var ae *daemon.APIError
+				if errors.As(err, &ae) && strings.Contains(ae.Message, "404") {
+					return errors.New("no replicated volumes on this node")
+				}
+				return err
+			}
+			if len(args) == 1 {
+				if st, err = filterRepl(st, args[0]); err != nil {
+					return err
+				}
+			}
+			if asJSON {
+				return daemon.PrintJSON(os.Stdout, st)
+			}
+			writeReplBlocks(os.Stdout, st)
+			return nil
+		},
+	}
+	status.Flags().BoolVar(&asJSON, "json", false, "print JSON (a list, also for one volume)")
+	return status
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -94,22 +93,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	}
 	promote := op("promote", "Make this node primary for the volume (refused while the peer is primary and connected)", "promote")
 	promote.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
-	status := &cobra.Command{
-		Use: "status", Short: "Roles, states, resync progress/ETA and out-of-sync bytes", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := daemon.Dial(dataDir)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var st []driver.Status
-			if err := c.Do("GET", "/v1/repl", nil, &st); err != nil {
-				return err
-			}
-			printRepl(st)
-			return nil
-		},
-	}
+	status := replStatusCommand(&dataDir)
 	rc.AddCommand(configure, promote,
 		op("demote", "Make this node secondary for the volume", "demote"),
 		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
@@ -153,23 +137,6 @@ func orDefault(s, d string) string {
 	return s
 }
 
-func printRepl(st []driver.Status) {
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tROLE\tDISK\tCONNECTION\tPEER\tPROTO\tOUT OF SYNC\tRESYNC\tETA\tLAST ERROR")
-	for _, s := range st {
-		prog, eta := "-", "-"
-		if s.SyncTotal > 0 {
-			prog = fmt.Sprintf("%.1f%%", s.SyncPct)
-		}
-		if s.ETASeconds > 0 {
-			eta = fmt.Sprintf("%.0fs", s.ETASeconds)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\t%s\t%s\n", s.Volume, s.Role, s.Disk, s.Conn, s.PeerRole, s.PeerDisk,
-			s.Protocol, volume.HumanSize(s.OutOfSync), prog, eta, s.LastError)
-	}
-	tw.Flush()
-}
-
 // replOp posts one replication operation (promote, demote, verify, ...) for
 // volume to the running daemon and prints the volume's resulting status.
 func replOp(dataDir, volume, op string) error {
@@ -182,6 +149,6 @@ func replOp(dataDir, volume, op string) error {
 	if err := c.Do("POST", "/v1/repl/"+volume+"/"+op, nil, &st); err != nil {
 		return err
 	}
-	printRepl([]driver.Status{st})
+	writeReplTable(os.Stdout, []driver.Status{st})
 	return nil
 }

@@ -100,6 +100,8 @@ type Daemon struct {
 	// plugins are set in New before anything is served, then read-only.
 	plugins     []Plugin
 	pluginsStop sync.Once
+	// replMetrics is set by the replication plugin (SetReplicaMetrics).
+	replMetrics atomic.Pointer[replMetricsFn]
 }
 
 // Plugin extends a daemon with per-volume features that live outside this

@@ -293,6 +293,9 @@ func NewNode(cfg Config, m Meta, bitmapWords []uint64, alExtents []int64) *Node 
 		rs:      make(map[uint64]*rsRange),
 		rsByOff: make(map[int64]*rsRange),
 		cmp:     make(map[uint64]Message),
+		// Nothing is known of the peer until its Hello.
+		peerRole: RoleUnknown,
+		peerDisk: DiskUnknown,
 	}
 	n.meta.NodeID = cfg.NodeID
 	if bitmapWords != nil {
@@ -484,6 +487,9 @@ func (n *Node) disconnect(reason string, to ConnState) {
 	clear(n.rsByOff)
 	clear(n.cmp)
 	n.peerHello = nil
+	// What we knew of the peer is stale from now on: report it as unknown
+	// (DRBD's DUnknown) rather than as it was at the last contact.
+	n.peerRole, n.peerDisk = RoleUnknown, DiskUnknown
 	n.bmDirty = true
 	n.metaDirty = true
 	// Writes held for the handshake or a resync conflict go local-only.

@@ -16,6 +16,7 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -28,7 +29,10 @@ import (
 //	POST /v1/repl/{volume}/{op}   op: promote, promote-force, demote,
 //	                              verify, connect, disconnect
 //
-// and `vmsan status` gains a "replication" section.
+//	GET  /v1/repl                 every replica's Status (JSON list)
+//
+// `vmsan status` gains a "replication" section, and /metrics the
+// vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
 	dataDir string
 	log     *slog.Logger
@@ -98,6 +102,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
 	}
 	d.AddStatus("replication", func() any { return p.Statuses() })
+	d.SetReplicaMetrics(p.Metrics)
 	d.Handle("POST /v1/repl/{volume}/{op}", http.HandlerFunc(p.handle))
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, p.Statuses())
@@ -112,6 +117,22 @@ func (p *Plugin) Statuses() []Status {
 	out := make([]Status, 0, len(p.replicas))
 	for _, r := range p.replicas {
 		out = append(out, r.Status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
+	return out
+}
+
+// Metrics returns every replica's metrics snapshot (for /metrics).
+func (p *Plugin) Metrics() []metrics.Replica {
+	p.mu.Lock()
+	rs := make([]*Replica, 0, len(p.replicas))
+	for _, r := range p.replicas {
+		rs = append(rs, r)
+	}
+	p.mu.Unlock()
+	out := make([]metrics.Replica, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.Metrics())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
 	return out

@@ -97,6 +97,7 @@ type Replica struct {
 	statusMu sync.Mutex
 	status   Status
 	eta      etaEstimator
+	obs      observer // logs, disconnect kinds, ack latency (observe.go)
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -343,6 +344,7 @@ func (r *Replica) handle(ev event) {
 	switch ev.kind {
 	case evMsg:
 		if r.link != nil && ev.epoch == r.link.epoch {
+			r.onRecv(ev.epoch, ev.msg)
 			r.node.Step(ev.msg)
 		}
 		if t := ev.msg.Type; t != repl.MsgData && t != repl.MsgRSData && len(ev.msg.Data) > 0 {
@@ -353,6 +355,7 @@ func (r *Replica) handle(ev event) {
 		if r.link != nil && ev.epoch == r.link.epoch {
 			r.log.Warn("replication link lost", "err", ev.err)
 			r.dropLink()
+			r.obs.linkErr = ev.err
 			r.node.Disconnect(ev.err.Error())
 		}
 	case evConn:
@@ -421,6 +424,7 @@ func (r *Replica) process() error {
 		}
 		for _, m := range rd.Send {
 			if r.link != nil {
+				r.ackSent(m)
 				r.link.send(m)
 			}
 		}
@@ -454,10 +458,11 @@ func (r *Replica) process() error {
 			}
 		}
 		if rd.Disconnect != "" {
-			r.log.Warn("replication disconnect", "reason", rd.Disconnect)
+			r.noteDisconnect(rd.Disconnect)
 			r.dropLink()
 		}
 	}
+	r.obs.pending.Store(int64(len(r.clients)))
 	return nil
 }
 

@@ -173,6 +173,12 @@ type pendingWrite struct {
 	hasAL     bool
 }
 
+// span is a sent protocol A write (id for tests and logs).
+type span struct {
+	id       uint64
+	off, len int64
+}
+
 type rxItem struct {
 	id        uint64
 	m         Message
@@ -232,13 +238,18 @@ type Node struct {
 	heard    int64
 	since    int64 // tick the current connection came up
 
-	nextID  uint64
-	seq     uint64
-	writes  map[uint64]*pendingWrite // by id (primary)
-	bySeq   map[uint64]*pendingWrite
-	order   []*pendingWrite // submission order (for deferral)
-	held    []*pendingWrite // deferred until handshake/resync conflict clears
-	rx      []*rxItem       // secondary stream in arrival order
+	nextID uint64
+	seq    uint64
+	writes map[uint64]*pendingWrite // by id (primary)
+	bySeq  map[uint64]*pendingWrite
+	order  []*pendingWrite // submission order (for deferral)
+	held   []*pendingWrite // deferred until a resync conflict clears
+	// sentA: protocol A writes sent on the current connection (by seq)
+	// that the peer has not yet reported received. Their clients may
+	// already be answered; a disconnect marks them out of sync, since the
+	// peer may never have got them.
+	sentA   map[uint64]span
+	rx      []*rxItem // secondary stream in arrival order
 	rxByID  map[uint64]*rxItem
 	appTick int64 // application bytes replicated this tick (dynamic rate)
 	appLast int64
@@ -289,6 +300,7 @@ func NewNode(cfg Config, m Meta, bitmapWords []uint64, alExtents []int64) *Node 
 		al:      newActivityLog(cfg.ALExtents),
 		writes:  make(map[uint64]*pendingWrite),
 		bySeq:   make(map[uint64]*pendingWrite),
+		sentA:   make(map[uint64]span),
 		rxByID:  make(map[uint64]*rxItem),
 		rs:      make(map[uint64]*rsRange),
 		rsByOff: make(map[int64]*rsRange),
@@ -454,7 +466,10 @@ func (n *Node) disconnect(reason string, to ConnState) {
 		n.lastErr = reason
 	}
 	// Primary: writes the peer never confirmed may be missing there.
-	for _, p := range n.order {
+	// Range over a copy: maybeRelease removes released writes from
+	// n.order, and ranging over the slice being shifted would skip the
+	// write after each one released (left pending forever, never marked).
+	for _, p := range append([]*pendingWrite(nil), n.order...) {
 		if p.peerWait {
 			p.peerWait = false
 			if p.w.Op != OpFlush {
@@ -465,6 +480,13 @@ func (n *Node) disconnect(reason string, to ConnState) {
 		}
 	}
 	clear(n.bySeq)
+	// Protocol A writes already answered but not known to have reached
+	// the peer.
+	for _, sp := range n.sentA {
+		n.bm.SetRange(sp.off, sp.len)
+		n.bmDirty = true
+	}
+	clear(n.sentA)
 	if wasUp && n.meta.Role == Primary && n.meta.Gens.Bitmap == 0 {
 		n.meta.Gens.newCurrent(n.newGen())
 		n.metaDirty = true
@@ -659,6 +681,8 @@ func (n *Node) issue(p *pendingWrite) {
 		if n.cfg.Protocol != ProtoA {
 			p.peerWait = true
 			n.bySeq[p.seq] = p
+		} else if w.Op != OpFlush {
+			n.sentA[p.seq] = span{p.id, w.Offset, w.Length}
 		}
 	} else if w.Op != OpFlush {
 		if n.meta.Gens.Bitmap == 0 && n.meta.Gens.Current != 0 {
@@ -893,6 +917,11 @@ func (n *Node) step(m Message) error {
 		}
 		return n.rxData(m, true)
 	case MsgRecvAck, MsgWriteAck:
+		if n.cfg.Protocol == ProtoA {
+			// The peer has the write: a disconnect need no longer mark it.
+			delete(n.sentA, m.Seq)
+			return nil
+		}
 		p, ok := n.bySeq[m.Seq]
 		if !ok {
 			return nil // ack for a write already given up on
@@ -1035,7 +1064,9 @@ func (n *Node) rxData(m Message, resync bool) error {
 	if m.Op != OpFlush && (m.Offset > n.cfg.Size-m.Length) {
 		return ErrOutOfRange
 	}
-	if m.Type == MsgData && n.cfg.Protocol == ProtoB {
+	if m.Type == MsgData && n.cfg.Protocol != ProtoC {
+		// B: the client's ack. A: lets the primary forget the write (it
+		// marks writes not yet received out of sync at a disconnect).
 		n.send(Message{Type: MsgRecvAck, Seq: m.Seq})
 	}
 	n.nextID++

@@ -259,7 +259,13 @@ type Node struct {
 	peerBMDone bool
 	peerRole   Role
 	peerDisk   DiskState
-	sentHello  bool
+	// sentHello is the Hello we sent at Connect. The decision uses it, not
+	// our state at decide time: the peer decides from the same two Hellos,
+	// and writes during the handshake may have changed our generations.
+	sentHello Hello
+	// hsWrites: a write went local-only (bitmap marked) during this
+	// handshake; the peer has not seen it, whatever the decision says.
+	hsWrites bool
 
 	// resync/verify source
 	rs        map[uint64]*rsRange // by read id
@@ -423,7 +429,8 @@ func (n *Node) Connect() {
 	n.since, n.heard, n.lastPing = n.tick, n.tick, n.tick
 	n.peerHello, n.peerBitmap, n.peerBMDone = nil, NewBitmap(n.cfg.Size), false
 	n.seq = 0
-	n.send(Message{Type: MsgHello, Data: EncodeHello(n.hello())})
+	n.sentHello, n.hsWrites = n.hello(), false
+	n.send(Message{Type: MsgHello, Data: EncodeHello(n.sentHello)})
 	runs := n.bm.Runs()
 	// Split the run list so no frame exceeds MaxData.
 	const perFrame = 1 << 20
@@ -615,14 +622,17 @@ func (n *Node) Propose(w Write) (uint64, error) {
 	return p.id, nil
 }
 
-// mustHold: during the handshake writes wait (we do not know yet whether
-// the peer will receive them); during resync a write overlapping a range
-// being resynced waits so stale resync data never lands after it; and a
-// write never overtakes an earlier held write it overlaps.
+// mustHold: during resync a write overlapping a range being resynced waits
+// so stale resync data never lands after it (bounded: the range's ack, or
+// the ping timeout that ends the connection); and a write never overtakes
+// an earlier held write it overlaps.
+//
+// A write never waits for a handshake: a peer that accepted the TCP
+// connection but is frozen (SIGSTOP, hung host) would hold it until the
+// ping timeout, again at every redial. While not Connected the primary runs
+// standalone: the write is applied locally and its chunks are marked out of
+// sync (issue), and the resync after the handshake sends them (maybeDecide).
 func (n *Node) mustHold(p *pendingWrite) bool {
-	if n.conn == Handshake {
-		return true
-	}
 	if p.w.Op == OpFlush {
 		return len(n.held) > 0
 	}
@@ -685,6 +695,9 @@ func (n *Node) issue(p *pendingWrite) {
 			n.sentA[p.seq] = span{p.id, w.Offset, w.Length}
 		}
 	} else if w.Op != OpFlush {
+		if n.conn == Handshake {
+			n.hsWrites = true
+		}
 		if n.meta.Gens.Bitmap == 0 && n.meta.Gens.Current != 0 {
 			// First write without the peer in this generation: start a new
 			// one (persisted before the write is applied), so the peer can
@@ -819,7 +832,14 @@ func (n *Node) Tick() {
 	n.appLast, n.appTick = n.appTick, 0
 	if n.conn >= Handshake {
 		if n.tick-n.heard > int64(n.cfg.PingTimeout) {
-			n.disconnect("ping timeout", Connecting)
+			// Also ends a handshake a frozen peer never answers (its
+			// kernel accepted the connection): the primary runs
+			// standalone meanwhile and redials.
+			reason := "ping timeout"
+			if n.conn == Handshake {
+				reason = "handshake timeout (peer accepted the connection but did not answer)"
+			}
+			n.disconnect(reason, Connecting)
 			return
 		}
 		if n.tick-n.lastPing >= int64(n.cfg.PingInterval) {
@@ -1005,8 +1025,14 @@ func (n *Node) maybeDecide() {
 	if n.peerHello == nil || !n.peerBMDone {
 		return
 	}
-	self := n.hello()
-	d := Decide(self, *n.peerHello, n.cfg.SplitBrain)
+	d := Decide(n.sentHello, *n.peerHello, n.cfg.SplitBrain)
+	if d.Kind == NoSync && n.hsWrites {
+		// Identical when the Hellos were sent, but we wrote since (the
+		// writes went local-only and are in our bitmap): resync them. The
+		// peer decided NoSync and is Connected; a SyncStart moves it to
+		// SyncTarget, as after an online verify.
+		d = Decision{Kind: BitmapSource, Rule: d.Rule, Reason: "writes during the handshake"}
+	}
 	n.lastDecision = d
 	if d.Kind != SplitBrain && d.Kind != Unrelated && d.Kind != Refused {
 		n.lastErr = ""

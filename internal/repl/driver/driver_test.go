@@ -456,3 +456,29 @@ func TestProtocolABufferReuseAfterReply(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A client held back by protocol A's send budget toward a peer that reads
+// nothing (frozen) must go as soon as the link is dropped, not after the
+// drain timeout: its write then goes local-only.
+func TestSendBudgetWaiterFreedOnDrop(t *testing.T) {
+	c1, c2 := net.Pipe() // c2 never read: every write blocks, like a frozen peer
+	defer c1.Close()
+	defer c2.Close()
+	s := newSender(c1, func(error) {})
+	s.push(repl.Message{Type: repl.MsgData, Op: repl.OpWrite, Length: 1 << 20, Data: make([]byte, 1<<20)})
+	s.push(repl.Message{Type: repl.MsgData, Op: repl.OpWrite, Length: 1 << 20, Data: make([]byte, 1<<20)})
+	done := make(chan struct{})
+	go func() { s.waitBelow(1 << 10); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("waitBelow returned with the budget exceeded")
+	case <-time.After(100 * time.Millisecond):
+	}
+	s.drainClose() // what link.close does first
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		t.Fatal("client still waiting for a dropped link's queue to drain")
+	}
+	s.close()
+}

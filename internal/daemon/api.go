@@ -149,7 +149,12 @@ var codeErrs = map[string]error{
 	"invalid_name": volume.ErrInvalidName,
 	"read_only":    volume.ErrReadOnly,
 	"invalid":      volume.ErrInvalid,
+	"replicated":   ErrReplicated,
 }
+
+// ErrReplicated: the operation would break a replicated pair (resizing one
+// copy); a ResizeCheck wraps it.
+var ErrReplicated = errors.New("refused for a replicated volume")
 
 // apiError turns an internal error into a status code and APIError.
 func apiError(err error) (int, *APIError) {

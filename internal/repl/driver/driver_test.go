@@ -3,12 +3,14 @@ package driver
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -258,7 +260,8 @@ func TestPromoteRefusedWhilePeerPrimary(t *testing.T) {
 	if err := b.r.Promote(false); err == nil {
 		t.Fatal("promotion allowed while the peer is primary and connected")
 	}
-	if err := a.r.Demote(); err != nil {
+	a.front.Release() // the test's client lets go of a first
+	if err := a.r.Demote(false); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "peer demoted", 10*time.Second, func() bool { return b.r.Status().PeerRole == "Secondary" })
@@ -481,4 +484,42 @@ func TestSendBudgetWaiterFreedOnDrop(t *testing.T) {
 		t.Fatal("client still waiting for a dropped link's queue to drain")
 	}
 	s.close()
+}
+
+// Demote is refused while a client holds the volume open (a wrapped
+// device not released), like DRBD's "Device is held open"; force demotes
+// anyway and the client's next write fails.
+func TestDemoteRefusedWhileHeldOpen(t *testing.T) {
+	a, _ := pair(t, 8<<20, "C")
+	waitFor(t, "connected", 10*time.Second, connected(a))
+	a.front.Release() // the harness's own client; use one of our own
+	cl := a.r.Wrap(a.dev) // what the NBD server holds per connection
+	if err := a.r.Demote(false); !errors.Is(err, ErrHeldOpen) {
+		t.Fatalf("demote with a client holding the volume: %v, want ErrHeldOpen", err)
+	}
+	if a.r.Status().Role != "Primary" {
+		t.Fatal("demoted although refused")
+	}
+	cl.Release()
+	cl.Release() // a second release must not count twice
+	if n := a.r.Opens(); n != 0 {
+		t.Fatalf("opens %d after release", n)
+	}
+	if err := a.r.Demote(false); err != nil {
+		t.Fatalf("demote without clients: %v", err)
+	}
+	if err := a.r.Promote(false); err != nil {
+		t.Fatal(err)
+	}
+	cl = a.r.Wrap(a.dev)
+	defer cl.Release()
+	if err := a.r.Demote(true); err != nil {
+		t.Fatalf("forced demote: %v", err)
+	}
+	done := make(chan error, 1)
+	cl.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: 0, Length: 4096, Data: make([]byte, 4096),
+		Done: func(q *ioengine.Request) { done <- q.Err }})
+	if err := <-done; !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write after forced demote: %v, want EROFS", err)
+	}
 }

@@ -191,9 +191,6 @@ func (ps *propSim) checkRelease(r Release) {
 		ps.earlyA[r.ID] = true
 		return
 	}
-	if os.Getenv("PROPDBG") != "" {
-		ps.t.Logf("release check id %d conn=%v linkUp=%v", r.ID, ps.p.n.conn, ps.linkUp)
-	}
 	ps.checkMarked(r.ID)
 }
 
@@ -229,9 +226,6 @@ func (ps *propSim) processAll() {
 	if ps.checkCut {
 		ps.checkCut = false
 		for id := range ps.earlyA {
-			if os.Getenv("PROPDBG") != "" {
-				ps.t.Logf("cut check id %d", id)
-			}
 			ps.checkMarked(id)
 		}
 		clear(ps.earlyA)
@@ -326,9 +320,6 @@ func (ps *propSim) propose() {
 		w.FUA = ps.rng.Intn(8) == 0
 	}
 	id, err := ps.p.n.Propose(w)
-	if os.Getenv("PROPDBG") != "" {
-		ps.t.Logf("propose id %d %v %d+%d conn=%v", id, w.Op, w.Offset, w.Length, ps.p.n.conn)
-	}
 	if err != nil {
 		ps.fatalf("propose: %v", err)
 	}
@@ -413,7 +404,7 @@ func runProperty(t *testing.T, seed int64, steps int) {
 		ps.fatalf("seed %d: pending after the peer left: writes=%d order=%d held=%d", seed, len(n.writes), len(n.order), len(n.held))
 	}
 	// Reconnect and resync: the replicas must end up identical.
-	for ps.s.completeOne(ps) {
+	for ps.completeOne(ps.s) {
 	}
 	ps.processAll()
 	ps.connect()
@@ -426,13 +417,10 @@ func runProperty(t *testing.T, seed int64, steps int) {
 	}
 }
 
-// completeOne helper with the node as receiver (for the loop above).
-func (pn *propNode) completeOne(ps *propSim) bool { return ps.completeOne(pn) }
-
 func TestPropertyDisconnects(t *testing.T) {
 	seeds, steps := 200, 3000
 	if os.Getenv("VMSAN_SOAK") == "1" {
-		seeds, steps = 5000, 20000
+		seeds, steps = 2000, 10000
 	}
 	if s := os.Getenv("VMSAN_PROP_SEED"); s != "" {
 		x, err := strconv.ParseInt(s, 10, 64)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"os/exec"
 	"sort"
 	"sync"
 	"syscall"
@@ -254,5 +255,55 @@ func TestFrozenSecondaryDoesNotStallPrimary(t *testing.T) {
 	p.waitSynced(t, 30*time.Second)
 	if p.a.rawSum() != p.b.rawSum() {
 		t.Fatal("backing files differ after the secondary thawed and resynced")
+	}
+}
+
+// Issue 7 item 1: kill -9 of the secondary under a deep queue (fio, 16
+// writes in flight, protocol C) and leave it down. Every write pending at
+// the disconnect must be answered (and marked out of sync): fio finishes
+// without error, and the primary's SIGTERM drain is quick. Before the fix
+// every other pending write was skipped at the disconnect and never
+// answered: fio hung and so did the drain.
+func TestKillSecondaryAtDepthAllWritesAnswered(t *testing.T) {
+	need(t, "fio")
+	p := newPair(t, pairOpts{protocol: "C"})
+	// fio runs 5 s; 30 s is far beyond its end plus the 0.5 s ping timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fio := exec.CommandContext(ctx, "fio", "--name=qd16", "--ioengine=nbd", "--uri="+p.a.uri(), "--rw=randwrite", "--bs=4k",
+		"--iodepth=32", "--size=32M", "--time_based", "--runtime=5", "--numjobs=1", "--output-format=terse")
+	var out bytes.Buffer
+	fio.Stdout, fio.Stderr = &out, &out
+	fio.WaitDelay = 5 * time.Second // fio's job process may outlive a killed parent
+	if err := fio.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	// The secondary's host goes away: its address refuses connections
+	// from now on, as a dead host's does. (Through a live proxy every
+	// redial would reach a handshake that fails at once, and each such
+	// disconnect released some more of the writes the first one skipped,
+	// hiding the defect; so the proxy goes first, then the process.)
+	p.px.Close()
+	p.b.kill9()
+	tKill := time.Now()
+	err := fio.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("fio still waiting for writes %v after the secondary died (writes left unanswered):\n%s", time.Since(tKill).Round(time.Second), out.String())
+	}
+	if err != nil {
+		t.Fatalf("fio: %v\n%s", err, out.String())
+	}
+	st := p.a.status()
+	t.Logf("fio finished %v after the kill; primary %s, %d B out of sync", time.Since(tKill).Round(time.Millisecond), st.Conn, st.OutOfSync)
+	if st.OutOfSync == 0 {
+		t.Fatal("writes made after the secondary died are not marked out of sync")
+	}
+	t0 := time.Now()
+	p.a.stop()
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("SIGTERM drain took %v", d)
+	} else {
+		t.Logf("SIGTERM drain %v", d.Round(time.Millisecond))
 	}
 }

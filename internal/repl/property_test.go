@@ -419,6 +419,9 @@ func runProperty(t *testing.T, seed int64, steps int) {
 
 func TestPropertyDisconnects(t *testing.T) {
 	seeds, steps := 200, 3000
+	if raceDetector {
+		seeds = 20
+	}
 	if os.Getenv("VMSAN_SOAK") == "1" {
 		seeds, steps = 2000, 10000
 	}

@@ -492,7 +492,7 @@ func TestSendBudgetWaiterFreedOnDrop(t *testing.T) {
 func TestDemoteRefusedWhileHeldOpen(t *testing.T) {
 	a, _ := pair(t, 8<<20, "C")
 	waitFor(t, "connected", 10*time.Second, connected(a))
-	a.front.Release() // the harness's own client; use one of our own
+	a.front.Release()     // the harness's own client; use one of our own
 	cl := a.r.Wrap(a.dev) // what the NBD server holds per connection
 	if err := a.r.Demote(false); !errors.Is(err, ErrHeldOpen) {
 		t.Fatalf("demote with a client holding the volume: %v, want ErrHeldOpen", err)

@@ -208,4 +208,9 @@ type Meta struct {
 	// Clean is true when the bitmap on disk is complete (clean shutdown).
 	// When false, the activity log's extents are added to the bitmap at start.
 	Clean bool
+	// DataID is the local volume's data identity (volume.Meta.DataID) when
+	// this state was last written. The node carries it unchanged; the
+	// driver compares it at start: a different one means the data file
+	// was replaced under us, so this state no longer describes the data.
+	DataID string `json:",omitempty"`
 }

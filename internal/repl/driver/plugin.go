@@ -68,8 +68,16 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		if err != nil {
 			return fmt.Errorf("replication of %s: %w", name, err)
 		}
+		vm, verr := d.Store().Get(name)
 		dev, err := open(name)
 		if errors.Is(err, export.ErrNotFound) {
+			if verr == nil {
+				// The volume exists but is not served (a damaged raw file,
+				// reported with its repair command when the daemon opened
+				// its volumes): its replication state must stay as it is.
+				p.log.Error("replicated volume is not served; replication not started until it is repaired (see the volume's error above)", "volume", name)
+				continue
+			}
 			// State left from a volume deleted before deletes removed it:
 			// not a reason to refuse to serve the other volumes.
 			p.log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", dir)
@@ -78,7 +86,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		if err != nil {
 			return fmt.Errorf("replication of %s: volume: %w", name, err)
 		}
-		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log})
+		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID})
 		if err != nil {
 			dev.Release()
 			return err
@@ -138,7 +146,9 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	case "disconnect":
 		err = r.Disconnect()
 	default:
-		err = errors.New("unknown operation")
+		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found",
+			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, verify, connect or disconnect)", req.PathValue("op"))})
+		return
 	}
 	if err != nil {
 		writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict", Message: err.Error()})
@@ -182,9 +192,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // Configure writes a volume's replication settings (a new NodeID when the
 // volume had none). It works without a running daemon; the daemon reads
-// the settings at start.
-func Configure(dataDir, volume string, s Settings) (Settings, error) {
-	dir := Dir(dataDir, volume)
+// the settings at start. The volume must exist (its name is validated like
+// every volume name, so the settings can never land outside the data
+// directory).
+func Configure(dataDir, name string, s Settings) (Settings, error) {
+	if _, err := volume.ReadMeta(dataDir, name); err != nil {
+		if errors.Is(err, volume.ErrNotFound) {
+			return s, fmt.Errorf("replication of %s: %w in %s (create it first: vmsan volume create %s --size SIZE)", name, err, dataDir, name)
+		}
+		return s, fmt.Errorf("replication of %s: %w", name, err)
+	}
+	dir := Dir(dataDir, name)
 	if old, err := LoadSettings(dir); err == nil && s.NodeID == 0 {
 		s.NodeID = old.NodeID
 	} else if err != nil && !errors.Is(err, os.ErrNotExist) && s.NodeID == 0 {

@@ -46,6 +46,9 @@ type Options struct {
 	Device   export.Device
 	Settings Settings
 	Logger   *slog.Logger
+	// DataID is the volume's data identity (volume.Meta.DataID); "" when
+	// unknown (no check). See checkDataID.
+	DataID string
 }
 
 // Replica is one replicated volume on this node.
@@ -157,7 +160,7 @@ func Start(o Options) (*Replica, error) {
 		log = slog.Default()
 	}
 	log = log.With("volume", o.Name, "component", "repl")
-	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(o.Dir, dirMode); err != nil {
 		return nil, err
 	}
 	st := &state{dir: o.Dir}
@@ -189,6 +192,7 @@ func Start(o Options) (*Replica, error) {
 			m.Gens.Current = randGen()
 		}
 	}
+	m, words, al = checkDataID(m, words, al, found, o.DataID, log)
 	cfg := repl.Config{
 		NodeID: s.NodeID, Size: o.Device.Info().Size, Protocol: proto, SplitBrain: sb,
 		PingInterval: s.PingInterval, PingTimeout: s.PingTimeout, KoTicks: s.KoTicks, ALRetireTicks: s.ALRetireTicks,

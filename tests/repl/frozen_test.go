@@ -236,9 +236,11 @@ func TestFrozenSecondaryDoesNotStallPrimary(t *testing.T) {
 		t.Errorf("slowest write %v > ping timeout + 1 s + 1 s slack (%v)", v.slowest, bound)
 	}
 	// A handshake lasts up to the ping timeout (2 s) before it is
-	// abandoned; writes held by it would show here. 1 s: a loaded host's
-	// worst scheduling delay, far below 2 s.
-	if laterSlowest > time.Second {
+	// abandoned; writes held by it would show here. 1.5 s: room for a
+	// loaded host (seen up to 0.7 s: the loop persists metadata with
+	// fdatasync at every disconnect, on a disk shared with other jobs),
+	// still clearly below the 2 s a held write waits.
+	if laterSlowest > 1500*time.Millisecond {
 		t.Errorf("a write started after the peer was declared dead took %v: writes still wait for the frozen peer (handshake?)", laterSlowest)
 	}
 	// The target is 80% of standalone. Measured on a shared 2-core

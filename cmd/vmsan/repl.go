@@ -15,6 +15,7 @@ import (
 func init() {
 	daemon.RegisterPlugin(driver.NewPlugin)
 	daemon.RegisterDeleteHooks(driver.DeleteHooks)
+	daemon.RegisterResizeCheck(driver.ResizeCheck)
 
 	var dataDir string
 	rc := &cobra.Command{
@@ -84,8 +85,8 @@ See docs/replication.md for protocols, states and split brain.`,
 		return &cobra.Command{
 			Use: use + " VOLUME", Short: short, Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				if path == "promote" && force {
-					return replOp(dataDir, args[0], "promote-force")
+				if (path == "promote" || path == "demote") && force {
+					return replOp(dataDir, args[0], path+"-force")
 				}
 				return replOp(dataDir, args[0], path)
 			},
@@ -94,8 +95,9 @@ See docs/replication.md for protocols, states and split brain.`,
 	promote := op("promote", "Make this node primary for the volume (refused while the peer is primary and connected)", "promote")
 	promote.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
 	status := replStatusCommand(&dataDir)
-	rc.AddCommand(configure, promote,
-		op("demote", "Make this node secondary for the volume", "demote"),
+	demote := op("demote", "Make this node secondary for the volume (refused while clients hold it open)", "demote")
+	demote.Flags().BoolVar(&force, "force", false, "demote even though clients hold the volume open (their writes then fail)")
+	rc.AddCommand(configure, promote, demote,
 		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
 		op("connect", "Leave StandAlone and reconnect (after resolving split brain)", "connect"),
 		op("disconnect", "Drop the connection and stay StandAlone", "disconnect"),
@@ -116,17 +118,18 @@ func replVolumeCommands() []*cobra.Command {
 					return err
 				}
 				if force != nil && *force {
-					return replOp(dataDir, args[0], "promote-force")
+					return replOp(dataDir, args[0], path+"-force")
 				}
 				return replOp(dataDir, args[0], path)
 			},
 		}
 	}
-	var force bool
+	var force, demoteForce bool
 	p := mk("promote", "Make this node primary for a replicated volume (refused while the peer is primary and connected)", "promote", &force)
 	p.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
-	return []*cobra.Command{p,
-		mk("demote", "Make this node secondary for a replicated volume", "demote", nil),
+	d := mk("demote", "Make this node secondary for a replicated volume (refused while clients hold it open)", "demote", &demoteForce)
+	d.Flags().BoolVar(&demoteForce, "force", false, "demote even though clients hold the volume open (their writes then fail)")
+	return []*cobra.Command{p, d,
 		mk("verify", "Online verify of a replicated volume against its peer", "verify", nil)}
 }
 

@@ -27,7 +27,7 @@ import (
 // Control endpoints (on the daemon's control socket):
 //
 //	POST /v1/repl/{volume}/{op}   op: promote, promote-force, demote,
-//	                              verify, connect, disconnect
+//	                              demote-force, verify, connect, disconnect
 //
 //	GET  /v1/repl                 every replica's Status (JSON list)
 //
@@ -157,7 +157,9 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	case "promote-force":
 		err = r.Promote(true)
 	case "demote":
-		err = r.Demote()
+		err = r.Demote(false)
+	case "demote-force":
+		err = r.Demote(true)
 	case "verify":
 		err = r.Verify()
 	case "connect":
@@ -274,6 +276,22 @@ func (p *Plugin) VolumeDeleted(name string) {
 		dev.Release()
 	}
 	p.log.Info("replication stopped: volume deleted", "volume", name)
+}
+
+// ResizeCheck refuses to resize a replicated volume (register with
+// daemon.RegisterResizeCheck). Both copies must have the same size: the
+// handshake refuses to connect a pair whose sizes differ, and a primary
+// grown alone would send writes past the secondary's end. Resizing both
+// sides in step is not implemented; docs/replication.md ("Resizing a
+// replicated volume") gives the procedure.
+func ResizeCheck(dataDir, name string, size int64) error {
+	s, err := LoadSettings(Dir(dataDir, name))
+	if err != nil {
+		return nil // not replicated (or no readable settings: nothing to keep in step)
+	}
+	return fmt.Errorf("volume %s is replicated (peer %s): resizing one copy would leave the pair unable to reconnect (sizes must match). "+
+		"To resize, take replication down on both nodes, resize, and resync the secondary in full: see \"Resizing a replicated volume\" in docs/replication.md (%w)",
+		name, s.Peer, daemon.ErrReplicated)
 }
 
 // DeleteHooks keep replication state in step with volume deletion

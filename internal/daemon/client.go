@@ -217,6 +217,9 @@ func (o directOps) Info(name string) (VolumeInfo, error) {
 }
 
 func (o directOps) Resize(name string, size int64, force bool) (VolumeInfo, error) {
+	if err := checkResize(o.s.Dir(), name, size); err != nil {
+		return VolumeInfo{}, err
+	}
 	m, err := o.s.Resize(name, size, force)
 	return o.vi(m), err
 }

@@ -185,6 +185,9 @@ func (d *Daemon) hCreate(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := checkResize(d.cfg.DataDir, name, size); err != nil {
+		return VolumeInfo{}, err
+	}
 	m, err := d.store.Resize(name, size, force)
 	if err != nil {
 		return VolumeInfo{}, err

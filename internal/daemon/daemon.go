@@ -100,6 +100,8 @@ type Daemon struct {
 	// plugins are set in New before anything is served, then read-only.
 	plugins     []Plugin
 	pluginsStop sync.Once
+	// replMetrics is set by the replication plugin (SetReplicaMetrics).
+	replMetrics atomic.Pointer[replMetricsFn]
 }
 
 // Plugin extends a daemon with per-volume features that live outside this
@@ -155,6 +157,25 @@ func runDeletedHooks(dataDir, name string) {
 			h.Deleted(dataDir, name)
 		}
 	}
+}
+
+// ResizeCheck may refuse resizing a volume (to size bytes) with a clear
+// error, with or without a running daemon: replication refuses for a
+// replicated volume, whose two copies must stay the same size.
+type ResizeCheck func(dataDir, name string, size int64) error
+
+var resizeChecks []ResizeCheck
+
+// RegisterResizeCheck adds a resize check. Call from init only.
+func RegisterResizeCheck(c ResizeCheck) { resizeChecks = append(resizeChecks, c) }
+
+func checkResize(dataDir, name string, size int64) error {
+	for _, c := range resizeChecks {
+		if err := c(dataDir, name, size); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // PluginFactory builds a plugin for a daemon's configuration; it returns
@@ -319,6 +340,11 @@ func (d *Daemon) ensureVolumes() error {
 			// and its size or settings are not touched until repaired.
 			continue
 		case int64(cv.Size) > m.Size:
+			if cerr := checkResize(d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
+				// Serve at the old size rather than refuse to start.
+				d.log.Error("not growing volume to its configured size", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size), "err", cerr)
+				break
+			}
 			if _, err := d.store.Resize(cv.Name, int64(cv.Size), false); err != nil {
 				return err
 			}

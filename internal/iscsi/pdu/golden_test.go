@@ -50,6 +50,9 @@ func scenarios() []scenario {
 	return []scenario{
 		{"libiscsi-ls-discovery.txt", "iscsi-ls", func(a string) []string { return []string{"iscsi://" + a} }, plain, checkDiscovery},
 		{"libiscsi-inq.txt", "iscsi-inq", func(a string) []string { return []string{"iscsi://" + a + "/" + goldenIQN + "/0"} }, plain, checkInq},
+		{"libiscsi-readcapacity16.txt", "iscsi-readcapacity16", func(a string) []string {
+			return []string{"iscsi://" + a + "/" + goldenIQN + "/0"}
+		}, plain, checkReadCapacity16},
 		{"libiscsi-inq-chap.txt", "iscsi-inq", func(a string) []string {
 			return []string{"iscsi://" + goldenUser + "%" + goldenSecret + "@" + a + "/" + goldenIQN + "/0"}
 		}, withCHAP, checkCHAP},
@@ -317,6 +320,22 @@ func checkInq(t *testing.T, w *walked) {
 	if _, c0 := first[*SCSICommand](w, "C"); c0.CmdSN != lr.CmdSN {
 		t.Errorf("first command CmdSN %d, login CmdSN %d (login is immediate and must not advance it)", c0.CmdSN, lr.CmdSN)
 	}
+}
+
+func checkReadCapacity16(t *testing.T, w *walked) {
+	checkLogin(t, w, "Normal")
+	for _, s := range w.steps {
+		if c, ok := s.frame.Header.(*SCSICommand); ok && c.CDB[0] == 0x9e {
+			// SERVICE ACTION IN(16) / READ CAPACITY(16): service action 0x10,
+			// allocation length in CDB bytes 10..13 equals the expected length.
+			alloc := uint32(c.CDB[10])<<24 | uint32(c.CDB[11])<<16 | uint32(c.CDB[12])<<8 | uint32(c.CDB[13])
+			if c.CDB[1]&0x1f != 0x10 || !c.Read || alloc != c.ExpectedDataTransferLength || alloc < 32 {
+				t.Errorf("READ CAPACITY(16) %x, expected length %d", c.CDB, c.ExpectedDataTransferLength)
+			}
+			return
+		}
+	}
+	t.Error("no READ CAPACITY(16)")
 }
 
 // chapExchange returns the target's CHAP_I/CHAP_C and the initiator's

@@ -145,13 +145,16 @@ var soakRotation = []soakFault{
 }
 
 type soakRow struct {
-	round    int
-	fault    string
-	conv     time.Duration
-	resync   int64
-	writes   int64
-	maxWrite time.Duration
-	result   string
+	round  int
+	fault  string
+	conv   time.Duration
+	resync int64 // resync data sent (both nodes)
+	// resync sent as zero ranges (no payload: holes, all-zero chunks)
+	resyncZero int64
+	decision   string // the primary's last handshake decision
+	writes     int64
+	maxWrite   time.Duration
+	result     string
 }
 
 type soak struct {
@@ -164,7 +167,7 @@ type soak struct {
 	// Per round: nodes restarted (their status counters start from 0).
 	restarted map[*node]bool
 	before    map[*node]driver.Status // counters at the round's start
-	stopped   atomic.Pointer[node] // SIGSTOPped now: SIGCONT in cleanup
+	stopped   atomic.Pointer[node]    // SIGSTOPped now: SIGCONT in cleanup
 }
 
 func TestFaultLoopSoak(t *testing.T) {
@@ -416,16 +419,15 @@ func (s *soak) counters() map[*node]driver.Status {
 
 // resynced is what both nodes sent as resync (data and zero ranges) since
 // the snapshot before; a node restarted since counts from its start.
-func (s *soak) resynced(before map[*node]driver.Status) int64 {
-	var sum int64
+func (s *soak) resynced(before map[*node]driver.Status) (data, zero int64) {
 	for n, st := range s.counters() {
-		v := st.ResyncBytes + st.ResyncZeroBytes
+		d, z := st.ResyncBytes, st.ResyncZeroBytes
 		if b, ok := before[n]; ok && !s.restarted[n] {
-			v -= b.ResyncBytes + b.ResyncZeroBytes
+			d, z = d-b.ResyncBytes, z-b.ResyncZeroBytes
 		}
-		sum += v
+		data, zero = data+d, zero+z
 	}
-	return sum
+	return data, zero
 }
 
 func (s *soak) round(i int, f soakFault) {
@@ -454,7 +456,10 @@ func (s *soak) round(i int, f soakFault) {
 		t.Fatalf("round %d (%s): writer: %s\nconvergence: %s", i, f.name, orNone(res.stuck), orNone(convErr))
 	}
 	s.waitSynced(60 * time.Second)
-	row.resync = s.resynced(before)
+	row.resync, row.resyncZero = s.resynced(before)
+	if st, err := tryStatus(s.pri); err == nil {
+		row.decision = st.Decision
+	}
 	var fails []string
 	if res.errors > 0 {
 		fails = append(fails, fmt.Sprintf("%d client errors", res.errors))
@@ -487,8 +492,8 @@ func (s *soak) round(i int, f soakFault) {
 		row.result = "FAIL: " + strings.Join(fails, ", ")
 	}
 	s.rows = append(s.rows, row)
-	t.Logf("round %d %-26s converged in %6.2fs, resync %s, %d writes, slowest %v: %s",
-		i, f.name, row.conv.Seconds(), mib(row.resync), row.writes, row.maxWrite.Round(time.Millisecond), row.result)
+	t.Logf("round %d %-26s converged in %6.2fs, resync %s + %s zero (%s), %d writes, slowest %v: %s",
+		i, f.name, row.conv.Seconds(), mib(row.resync), mib(row.resyncZero), row.decision, row.writes, row.maxWrite.Round(time.Millisecond), row.result)
 }
 
 func withResult(r soakRow, res string) soakRow { r.result = res; return r }
@@ -549,7 +554,10 @@ func (s *soak) drain() {
 	s.sec.start()
 	s.waitSynced(60 * time.Second)
 	row.conv = time.Since(restart)
-	row.resync = s.resynced(nil)
+	row.resync, row.resyncZero = s.resynced(nil)
+	if st, err := tryStatus(s.pri); err == nil {
+		row.decision = st.Decision
+	}
 	c = s.dial(s.pri)
 	if lost := s.w.verify(s, c); lost != "" {
 		fails = append(fails, "acknowledged writes lost")
@@ -571,14 +579,14 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 func (s *soak) table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| round | fault | convergence | resync | writes | slowest write | result |\n")
-	fmt.Fprintf(&b, "| ---: | --- | ---: | ---: | ---: | ---: | --- |\n")
+	fmt.Fprintf(&b, "| round | fault | convergence | resync data | resync zero | decision | writes | slowest write | result |\n")
+	fmt.Fprintf(&b, "| ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |\n")
 	for _, r := range s.rows {
 		conv := "-"
 		if r.conv > 0 {
 			conv = fmt.Sprintf("%.2f s", r.conv.Seconds())
 		}
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %d | %d ms | %s |\n", r.round, r.fault, conv, mib(r.resync), r.writes, r.maxWrite.Milliseconds(), r.result)
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s | %d | %d ms | %s |\n", r.round, r.fault, conv, mib(r.resync), mib(r.resyncZero), r.decision, r.writes, r.maxWrite.Milliseconds(), r.result)
 	}
 	return b.String()
 }
@@ -632,8 +640,8 @@ type writerResult struct {
 	stuck      string
 }
 
-// soakWriter runs `workers` goroutines, each owning a contiguous range of
-// blocks and keeping one write (1-16 blocks, FUA) in flight at a time, so
+// soakWriter runs `workers` goroutines, each owning two ranges of blocks
+// (one hot, one cold) and keeping one write (1-16 blocks, FUA) in flight at a time, so
 // per block writes are ordered and the record above is exact. Eight
 // workers: eight writes in flight at any time, so a disconnect always
 // finds several pending (item 1 lost every other one).
@@ -705,9 +713,17 @@ func (w *soakWriter) swap(c *client.Conn) {
 
 func (w *soakWriter) work(id int, rng *rand.Rand) {
 	defer w.wg.Done()
-	per := w.blocks / w.workers
-	lo := id * per
-	hot := rng.IntN(per - 16)
+	// The first quarter of the volume is hot: each worker's share of it is
+	// written as a moving window (like a log or a busy file). The rest is
+	// cold: each worker's share gets a random write now and then (about
+	// one in a thousand). So the dirty bitmap and the activity log of an
+	// outage cover part of the volume, and the resync column shows how
+	// much of it the resync sends, instead of always the whole volume.
+	hotPer := w.blocks / 4 / w.workers
+	hotLo := id * hotPer
+	coldPer := (w.blocks - w.blocks/4) / w.workers
+	coldLo := w.blocks/4 + id*coldPer
+	hot := rng.IntN(hotPer - 16)
 	for {
 		select {
 		case <-w.stopc:
@@ -721,15 +737,12 @@ func (w *soakWriter) work(id int, rng *rand.Rand) {
 		if rng.IntN(4) == 0 {
 			n = 1 + rng.IntN(16)
 		}
-		// Mostly a moving hot spot (like a log or a busy file), sometimes
-		// anywhere in the range: the dirty bitmap of a short outage then
-		// covers part of the volume, not all of it.
 		var idx int
-		if rng.IntN(50) == 0 {
-			idx = lo + rng.IntN(per-n+1)
+		if rng.IntN(1000) == 0 {
+			idx = coldLo + rng.IntN(coldPer-n+1)
 		} else {
-			hot = (hot + n) % (per - 16)
-			idx = lo + hot
+			hot = (hot + n) % (hotPer - 16)
+			idx = hotLo + hot
 		}
 		seq := w.seq.Add(1)
 		// A fresh buffer per write: an abandoned (never answered)
@@ -850,6 +863,11 @@ func (w *soakWriter) verify(s *soak, c *client.Conn) string {
 			return err
 		})
 	}
+	return w.check(data)
+}
+
+// check compares data (the whole volume) with the record.
+func (w *soakWriter) check(data []byte) string {
 	want := make([]byte, soakBlock)
 	var bad []string
 	nbad, checked := 0, 0
@@ -907,4 +925,38 @@ func describeBlock(b []byte, idx int) string {
 		return fmt.Sprintf("write #%d with a corrupt body", seq)
 	}
 	return fmt.Sprintf("write #%d (stale or never acknowledged)", seq)
+}
+
+// The checker itself: each kind of damage the loop is meant to catch is
+// reported, and a write of unknown outcome is accepted either way.
+func TestFaultLoopChecker(t *testing.T) {
+	w := newSoakWriter(64*soakBlock, 1, 1)
+	data := make([]byte, 64*soakBlock)
+	put := func(idx int, seq uint64) { fillBlock(data[idx*soakBlock:(idx+1)*soakBlock], idx, seq) }
+	for idx := range 8 {
+		w.recs[idx] = blockRec{acked: uint64(10 + idx)}
+		put(idx, uint64(10+idx))
+	}
+	w.recs[8] = blockRec{acked: 20, maybe: []uint64{30}} // either may be there
+	put(8, 30)
+	w.recs[9] = blockRec{maybe: []uint64{31}} // never acknowledged, not there
+	if got := w.check(data); got != "" {
+		t.Fatalf("intact volume reported: %s", got)
+	}
+	for _, c := range []struct {
+		name, want string
+		damage     func()
+	}{
+		{"stale", "read write #5 (stale", func() { put(3, 5) }},
+		{"lost", "read zeroes", func() { clear(data[3*soakBlock : 4*soakBlock]) }},
+		{"misplaced", "meant for offset 8192", func() { copy(data[3*soakBlock:4*soakBlock], data[2*soakBlock:3*soakBlock]) }},
+		{"corrupt", "corrupt body", func() { put(3, 13); data[3*soakBlock+100] ^= 1 }},
+		{"garbage", "no header", func() { put(3, 13); data[3*soakBlock] ^= 1 }},
+	} {
+		put(3, 13)
+		c.damage()
+		if got := w.check(data); !strings.Contains(got, "offset 12288") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: reported %q, want offset 12288 and %q", c.name, got, c.want)
+		}
+	}
 }

@@ -214,7 +214,8 @@ func TestFaultLoopSoak(t *testing.T) {
 	for i := range rounds {
 		s.round(i+1, rotation[i%len(rotation)])
 	}
-	s.drain()
+	s.drain(false)
+	s.drain(true)
 }
 
 func newSoak(t *testing.T, seed uint64) *soak {
@@ -498,13 +499,18 @@ func (s *soak) round(i int, f soakFault) {
 
 func withResult(r soakRow, res string) soakRow { r.result = res; return r }
 
-// drain: SIGTERM the secondary, then the primary, each with the writer
-// running on the primary; each must exit within 5 s. The primary's writes
-// may fail once it is told to stop (its client is the one being shut
-// out); then both restart and every write acknowledged before is checked.
-func (s *soak) drain() {
+// drain: SIGTERM the secondary (or, with kill9, kill -9 it: the primary
+// then drains with writes it had pending on a dead peer, item 1), then
+// SIGTERM the primary, each with the writer running on the primary; each
+// SIGTERM must be done within 5 s. The primary's writes may fail once it
+// is told to stop (its client is the one being shut out); then both
+// restart and every write acknowledged before is checked.
+func (s *soak) drain(kill9 bool) {
 	t := s.t
 	row := soakRow{round: len(s.rows) + 1, fault: "sigterm-drain"}
+	if kill9 {
+		row.fault = "kill9-secondary+sigterm-primary"
+	}
 	s.restarted = map[*node]bool{s.pri: true, s.sec: true}
 	c := s.dial(s.pri)
 	s.w.start(c)
@@ -522,32 +528,43 @@ func (s *soak) drain() {
 		}
 		return time.Since(start)
 	}
-	dsec := term(s.sec)
+	var dsec time.Duration
+	if kill9 {
+		s.sec.kill9()
+	} else {
+		dsec = term(s.sec)
+	}
 	s.sleep(500 * time.Millisecond)
 	s.w.expectFailure()
 	dpri := term(s.pri)
 	res := s.w.stop(20 * time.Second)
 	row.writes, row.maxWrite = res.writes, res.maxLat
-	t.Logf("drain: secondary %s exited %v after SIGTERM, primary %s %v (writer running)", s.sec.name, dsec.Round(time.Millisecond), s.pri.name, dpri.Round(time.Millisecond))
+	if kill9 {
+		t.Logf("%s: secondary %s killed, primary %s exited %v after SIGTERM (writer running)", row.fault, s.sec.name, s.pri.name, dpri.Round(time.Millisecond))
+	} else {
+		t.Logf("%s: secondary %s exited %v after SIGTERM, primary %s %v (writer running)", row.fault, s.sec.name, dsec.Round(time.Millisecond), s.pri.name, dpri.Round(time.Millisecond))
+	}
 	for _, d := range []struct {
 		who string
 		d   time.Duration
 	}{{"secondary", dsec}, {"primary", dpri}} {
 		if d.d > soakDrainMax {
 			fails = append(fails, fmt.Sprintf("%s drain %v", d.who, d.d.Round(time.Millisecond)))
-			t.Errorf("drain: SIGTERM of the %s took %v > %v", d.who, d.d.Round(time.Millisecond), soakDrainMax)
+			t.Errorf("%s: SIGTERM of the %s took %v > %v", row.fault, d.who, d.d.Round(time.Millisecond), soakDrainMax)
 		}
 	}
 	if res.stuck != "" {
-		t.Errorf("drain: writes never answered: %s", res.stuck)
+		fails = append(fails, "writes never answered")
+		s.rows = append(s.rows, withResult(row, "FAIL: "+strings.Join(fails, ", ")))
+		t.Fatalf("%s: writes never answered: %s", row.fault, res.stuck)
 	}
 	if res.errors > 0 {
 		fails = append(fails, fmt.Sprintf("%d client errors", res.errors))
-		t.Errorf("drain: %d write errors before the primary was stopped, first: %s", res.errors, res.firstErr)
+		t.Errorf("%s: %d write errors before the primary was stopped, first: %s", row.fault, res.errors, res.firstErr)
 	}
 	if res.maxLat > soakMaxWrite {
 		fails = append(fails, fmt.Sprintf("slowest write %v", res.maxLat.Round(time.Millisecond)))
-		t.Errorf("drain: slowest acknowledged write %v > %v (%s)", res.maxLat.Round(time.Millisecond), soakMaxWrite, res.maxLatDesc)
+		t.Errorf("%s: slowest acknowledged write %v > %v (%s)", row.fault, res.maxLat.Round(time.Millisecond), soakMaxWrite, res.maxLatDesc)
 	}
 	restart := time.Now()
 	s.pri.start()
@@ -561,14 +578,17 @@ func (s *soak) drain() {
 	c = s.dial(s.pri)
 	if lost := s.w.verify(s, c); lost != "" {
 		fails = append(fails, "acknowledged writes lost")
-		t.Errorf("drain: after restart, read back from %s: %s", s.pri.name, lost)
+		t.Errorf("%s: after restart, read back from %s: %s", row.fault, s.pri.name, lost)
 	}
 	if sp, ss := s.pri.rawSum(), s.sec.rawSum(); sp != ss {
 		fails = append(fails, "replicas differ")
-		t.Errorf("drain: after restart in sync by status, but the raw files differ")
+		t.Errorf("%s: after restart in sync by status, but the raw files differ", row.fault)
 	}
 	c.Close()
-	row.result = fmt.Sprintf("ok (drain: secondary %.2fs, primary %.2fs)", dsec.Seconds(), dpri.Seconds())
+	row.result = fmt.Sprintf("ok (SIGTERM to exit: secondary %.2f s, primary %.2f s)", dsec.Seconds(), dpri.Seconds())
+	if kill9 {
+		row.result = fmt.Sprintf("ok (SIGTERM to exit: primary %.2f s)", dpri.Seconds())
+	}
 	if len(fails) > 0 {
 		row.result = "FAIL: " + strings.Join(fails, ", ")
 	}
@@ -763,6 +783,9 @@ func (w *soakWriter) work(id int, rng *rand.Rand) {
 		select {
 		case err = <-done:
 		case <-w.abortc:
+			for i := range n { // outcome unknown
+				w.recs[idx+i].maybe = append(w.recs[idx+i].maybe, seq)
+			}
 			return
 		}
 		lat := time.Since(start)
@@ -824,6 +847,13 @@ func (w *soakWriter) stop(d time.Duration) writerResult {
 		w.res.stuck = fmt.Sprintf("%d writes unanswered %v after the writer was told to stop:\n  %s", len(l), d, strings.Join(l, "\n  "))
 		w.mu.Unlock()
 		w.abort()
+		// The workers waiting on a reply return at once now (one stuck
+		// inside Submit, on a full socket, stays until cleanup kills the
+		// servers; then the record is not used again).
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -36,13 +36,14 @@ import (
 //   - the slowest acknowledged write ≤ ping timeout + 1 s (item 2);
 //
 // and at the end, SIGTERM drains each process, with the writer running, in
-// under 5 s. A table of rounds (fault, convergence time, resync bytes,
-// writes, slowest write, result) is logged; docs/replication.md "Fault
-// loop" holds a recorded run.
+// under 5 s (once after SIGTERM of the secondary, once after kill -9 of
+// it). A table of rounds (fault, convergence time, resync bytes, handshake
+// decision, writes, slowest write, result) is logged; docs/replication.md
+// "Fault loop" holds a recorded run.
 //
 // Plain `go test` runs ciRotation (10 rounds, every fault at least once at
-// full duration, ~3 min). `make soak` (VMSAN_SOAK=1) runs 100 rounds of
-// soakRotation. VMSAN_SOAK_ROUNDS=N overrides the count,
+// full duration, ~2.5 min). `make soak` (VMSAN_SOAK=1) runs 100 rounds of
+// soakRotation (~25 min). VMSAN_SOAK_ROUNDS=N overrides the count,
 // VMSAN_SOAK_FAULTS=a,b,... the rotation (fault names as in the table),
 // VMSAN_SOAK_SEED the seed of the random warm-up before each fault.
 

@@ -15,10 +15,8 @@ import (
 
 func init() {
 	var (
-		cfgFile, dataDir, metrics, logLevel, maxPayload string
-		tlsMode, tlsCert, tlsKey, tlsCA                 string
-		listen                                          []string
-		pprof, printConfig                              bool
+		fl          serveFlags
+		printConfig bool
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -28,52 +26,23 @@ func init() {
 With no arguments: data directory ./vmsan-data, listeners 127.0.0.1:10809 and
 unix:./vmsan-data/nbd.sock, and a 10 GiB sparse volume "default" created if the
 directory has no volumes. Flags override the config file. SIGTERM/SIGINT stop
-accepting, drain in-flight requests, flush every volume and exit 0.`,
+accepting, drain in-flight requests, flush every volume and exit 0. SIGHUP
+reloads: the config file and TLS certificate files are read again, new
+volumes are created and exported, and settings that need a restart are
+named in the log; connected clients are not disturbed, and a bad config is
+logged and ignored.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg := config.Default()
-			if cfgFile != "" {
-				var err error
-				if cfg, err = config.Load(cfgFile); err != nil {
-					return err
-				}
-			}
-			f := cmd.Flags()
-			if f.Changed("data-dir") {
-				cfg.DataDir = dataDir
-			}
-			if f.Changed("listen") {
-				cfg.Listen = listen
-			}
-			if f.Changed("metrics-listen") {
-				cfg.MetricsListen = metrics
-			}
-			if f.Changed("log-level") {
-				cfg.LogLevel = logLevel
-			}
-			if f.Changed("pprof") {
-				cfg.Pprof = pprof
-			}
-			if f.Changed("max-payload") {
-				n, err := volume.ParseSize(maxPayload)
-				if err != nil {
-					return err
-				}
-				cfg.MaxPayload = config.Size(n)
-			}
-			if f.Changed("tls") {
-				cfg.TLS.Mode = tlsMode
-			}
-			if f.Changed("tls-cert") {
-				cfg.TLS.Cert = tlsCert
-			}
-			if f.Changed("tls-key") {
-				cfg.TLS.Key = tlsKey
-			}
-			if f.Changed("tls-ca") {
-				cfg.TLS.CA = tlsCA
-			}
-			if err := cfg.Validate(); err != nil {
+			// Catch SIGHUP from the start: its default action kills the
+			// process, and a reload must never do that, even one sent while
+			// volumes are still opening. Signals that arrive before the
+			// daemon serves wait in the channel.
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			load := func() (config.Config, error) { return fl.config(cmd) }
+			cfg, err := load()
+			if err != nil {
 				return err
 			}
 			if printConfig {
@@ -93,21 +62,82 @@ accepting, drain in-flight requests, flush every volume and exit 0.`,
 			// After the first signal starts the graceful drain, restore the
 			// default action so a second Ctrl-C kills a drain that hangs.
 			go func() { <-ctx.Done(); stop() }()
+			go d.HandleReloads(ctx, hup, load)
 			return d.Run(ctx)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfgFile, "config", "", "YAML config file (see docs/architecture.md); flags override it")
-	f.StringVar(&dataDir, "data-dir", config.DefaultDataDir, "data directory holding volumes")
-	f.StringArrayVar(&listen, "listen", nil, "NBD listener HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809 and unix:DATA_DIR/nbd.sock)")
-	f.StringVar(&metrics, "metrics-listen", "", "serve Prometheus metrics on HOST:PORT at /metrics")
-	f.BoolVar(&pprof, "pprof", false, "serve /debug/pprof on the metrics listener and the control socket")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
-	f.StringVar(&maxPayload, "max-payload", "32M", "largest NBD READ/WRITE accepted")
-	f.StringVar(&tlsMode, "tls", "off", "TLS mode: off, optional or required")
-	f.StringVar(&tlsCert, "tls-cert", "", "server certificate (PEM)")
-	f.StringVar(&tlsKey, "tls-key", "", "server private key (PEM)")
-	f.StringVar(&tlsCA, "tls-ca", "", "CA bundle: when set, clients must present a certificate it signed")
+	f.StringVar(&fl.cfgFile, "config", "", "YAML config file (see docs/architecture.md); flags override it")
+	f.StringVar(&fl.dataDir, "data-dir", config.DefaultDataDir, "data directory holding volumes")
+	f.StringArrayVar(&fl.listen, "listen", nil, "NBD listener HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809 and unix:DATA_DIR/nbd.sock)")
+	f.StringVar(&fl.metrics, "metrics-listen", "", "serve Prometheus metrics on HOST:PORT at /metrics")
+	f.BoolVar(&fl.pprof, "pprof", false, "serve /debug/pprof on the metrics listener and the control socket")
+	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&fl.maxPayload, "max-payload", "32M", "largest NBD READ/WRITE accepted")
+	f.StringVar(&fl.tlsMode, "tls", "off", "TLS mode: off, optional or required")
+	f.StringVar(&fl.tlsCert, "tls-cert", "", "server certificate (PEM)")
+	f.StringVar(&fl.tlsKey, "tls-key", "", "server private key (PEM)")
+	f.StringVar(&fl.tlsCA, "tls-ca", "", "CA bundle: when set, clients must present a certificate it signed")
 	f.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML and exit")
 	rootCmd.AddCommand(cmd)
+}
+
+// serveFlags are serve's flags that override the config file.
+type serveFlags struct {
+	cfgFile, dataDir, metrics, logLevel, maxPayload string
+	tlsMode, tlsCert, tlsKey, tlsCA                 string
+	listen                                          []string
+	pprof                                           bool
+}
+
+// config builds serve's configuration: defaults, then the --config file,
+// then the flags the user set. SIGHUP runs it again, so a reload sees the
+// file as it is now with the same flags over it.
+func (fl *serveFlags) config(cmd *cobra.Command) (config.Config, error) {
+	cfg := config.Default()
+	if fl.cfgFile != "" {
+		var err error
+		if cfg, err = config.Load(fl.cfgFile); err != nil {
+			return config.Config{}, err
+		}
+	}
+	f := cmd.Flags()
+	if f.Changed("data-dir") {
+		cfg.DataDir = fl.dataDir
+	}
+	if f.Changed("listen") {
+		cfg.Listen = fl.listen
+	}
+	if f.Changed("metrics-listen") {
+		cfg.MetricsListen = fl.metrics
+	}
+	if f.Changed("log-level") {
+		cfg.LogLevel = fl.logLevel
+	}
+	if f.Changed("pprof") {
+		cfg.Pprof = fl.pprof
+	}
+	if f.Changed("max-payload") {
+		n, err := volume.ParseSize(fl.maxPayload)
+		if err != nil {
+			return config.Config{}, err
+		}
+		cfg.MaxPayload = config.Size(n)
+	}
+	if f.Changed("tls") {
+		cfg.TLS.Mode = fl.tlsMode
+	}
+	if f.Changed("tls-cert") {
+		cfg.TLS.Cert = fl.tlsCert
+	}
+	if f.Changed("tls-key") {
+		cfg.TLS.Key = fl.tlsKey
+	}
+	if f.Changed("tls-ca") {
+		cfg.TLS.CA = fl.tlsCA
+	}
+	if err := cfg.Validate(); err != nil {
+		return config.Config{}, err
+	}
+	return cfg, nil
 }

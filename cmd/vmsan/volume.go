@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -188,7 +189,62 @@ func init() {
 	set.Flags().BoolVar(&setRot, "rotational", false, "advertise the volume as rotational")
 	set.Flags().BoolVar(&setRO, "read-only", false, "export read-only")
 	set.Flags().StringVar(&setDesc, "description", "", "free-text description")
-	vc.AddCommand(create, list, info, resize, set, del)
+	var repairMode struct{ recreate, fileSize, metaSize, newID bool }
+	repair := &cobra.Command{
+		Use:   "repair NAME (--recreate | --use-file-size | --use-metadata-size | --new-identity)",
+		Short: "Make a volume whose raw file is missing or of the wrong size servable again (offline: stop vmsan serve first)",
+		Long: `vmsan refuses to serve a volume whose raw file is missing, or whose size
+disagrees with its metadata in a way no interrupted vmsan operation leaves
+(the file was changed outside vmsan). Choose how to repair it:
+
+  --recreate           the raw file is missing: create an empty (all-zero)
+                       one of the volume's size
+  --use-file-size      the volume takes the file's size (no byte is lost)
+  --use-metadata-size  the file is extended with zeroes, or cut, to the
+                       volume's size (cutting destroys the data past it)
+  --new-identity       nothing to fix in size, but the file was changed in
+                       place behind vmsan's back (e.g. a snapshot restore)
+
+Every repair gives the volume a new data identity: a replicated volume
+comes back Inconsistent and resyncs in full from its peer. Repair works on
+the data directory directly, so the daemon must be stopped.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var modes []volume.RepairMode
+			for _, c := range []struct {
+				on bool
+				m  volume.RepairMode
+			}{{repairMode.recreate, volume.RepairRecreate}, {repairMode.fileSize, volume.RepairUseFileSize},
+				{repairMode.metaSize, volume.RepairUseMetadataSize}, {repairMode.newID, volume.RepairNewIdentity}} {
+				if c.on {
+					modes = append(modes, c.m)
+				}
+			}
+			if len(modes) != 1 {
+				return fmt.Errorf("give exactly one of --recreate, --use-file-size, --use-metadata-size, --new-identity")
+			}
+			s, err := volume.Open(dataDir)
+			if err != nil {
+				if errors.Is(err, volume.ErrLocked) {
+					return fmt.Errorf("%w: repair is offline, stop vmsan serve first", err)
+				}
+				return err
+			}
+			defer s.Close()
+			m, err := s.Repair(args[0], modes[0])
+			if err != nil {
+				return err
+			}
+			fmt.Printf("repaired volume %s (%s): %s, new data identity %s\n", m.Name, modes[0], volume.HumanSize(m.Size), m.DataID)
+			return nil
+		},
+	}
+	rf := repair.Flags()
+	rf.BoolVar(&repairMode.recreate, "recreate", false, "create a missing raw file, all zeroes")
+	rf.BoolVar(&repairMode.fileSize, "use-file-size", false, "set the volume's size to the raw file's size")
+	rf.BoolVar(&repairMode.metaSize, "use-metadata-size", false, "extend or cut the raw file to the volume's size")
+	rf.BoolVar(&repairMode.newID, "new-identity", false, "only give the volume a new data identity (replicas resync in full)")
+	vc.AddCommand(create, list, info, resize, set, del, repair)
 	vc.AddCommand(replVolumeCommands()...) // promote, demote, verify: see repl.go
 	rootCmd.AddCommand(vc)
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"errors"
 	"net/http"
+	"syscall"
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -39,6 +40,9 @@ type VolumeInfo struct {
 	// Exports is the number of current references from front ends
 	// (connected NBD clients).
 	Exports int64 `json:"exports"`
+	// Problem says why a volume that is not open cannot be served (e.g. a
+	// damaged raw file and the command that repairs it).
+	Problem string `json:"problem,omitempty"`
 }
 
 // CreateRequest is the body of POST /v1/volumes. Size accepts units
@@ -149,10 +153,21 @@ var codeErrs = map[string]error{
 	"invalid_name": volume.ErrInvalidName,
 	"read_only":    volume.ErrReadOnly,
 	"invalid":      volume.ErrInvalid,
+	"damaged":      volume.ErrDamaged,
+	"replicated":   ErrReplicated,
 }
 
-// apiError turns an internal error into a status code and APIError.
+// ErrReplicated: the operation would break a replicated pair (resizing one
+// copy); a ResizeCheck wraps it.
+var ErrReplicated = errors.New("refused for a replicated volume")
+
+// apiError turns an internal error into a status code and APIError. Bad
+// input always maps to 4xx (TestControlBadInput); 500 is left for real
+// server failures (I/O errors writing metadata, and the like).
 func apiError(err error) (int, *APIError) {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return http.StatusInsufficientStorage, &APIError{Code: "no_space", Message: err.Error()}
+	}
 	for code, target := range codeErrs {
 		if errors.Is(err, target) {
 			st := http.StatusConflict

@@ -188,7 +188,13 @@ func OpenVolumeOps(dataDir string) (ops VolumeOps, viaDaemon bool, err error) {
 type directOps struct{ s *volume.Store }
 
 func (o directOps) vi(m volume.Meta) VolumeInfo {
-	return VolumeInfo{Meta: m, Path: o.s.RawPath(m.Name), Allocated: allocatedBytes(o.s.RawPath(m.Name))}
+	vi := VolumeInfo{Meta: m, Path: o.s.RawPath(m.Name), Allocated: allocatedBytes(o.s.RawPath(m.Name))}
+	if m.Name != "" {
+		if err := o.s.CheckRaw(m.Name); err != nil {
+			vi.Problem = err.Error()
+		}
+	}
+	return vi
 }
 
 func (o directOps) Create(c volume.CreateOptions) (VolumeInfo, error) {
@@ -211,6 +217,9 @@ func (o directOps) Info(name string) (VolumeInfo, error) {
 }
 
 func (o directOps) Resize(name string, size int64, force bool) (VolumeInfo, error) {
+	if err := checkResize(o.s.Dir(), name, size); err != nil {
+		return VolumeInfo{}, err
+	}
 	m, err := o.s.Resize(name, size, force)
 	return o.vi(m), err
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,17 +21,14 @@ import (
 const maxBodyBytes = 64 << 10
 
 func (d *Daemon) startControl() error {
-	// Only the owner (root, normally) may create or delete volumes. Bind
-	// under a temporary name, restrict it, then rename it into place, so the
-	// socket never appears under its real name with the umask's permissions.
+	// Only the owner (root, normally) may create or delete volumes: the
+	// socket is ControlSocketMode from the start (see listenUnix). Bind
+	// under a temporary name, then rename it into place, so a client never
+	// finds a socket under the real name that is not yet served.
 	// (Holding the data-dir lock means no other daemon uses either name.)
 	tmp := filepath.Join(d.cfg.DataDir, ".control.sock.tmp")
-	ln, err := listenUnix(tmp)
+	ln, err := listenUnix(tmp, ControlSocketMode)
 	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		ln.Close()
 		return fmt.Errorf("control socket: %w", err)
 	}
 	if err := os.Rename(tmp, d.ControlPath()); err != nil {
@@ -87,6 +85,16 @@ func readJSON(r *http.Request, v any) error {
 	return nil
 }
 
+// settingsErr marks a failure to open a volume with the settings a request
+// asked for (cache=none where the filesystem refuses O_DIRECT, a damaged
+// raw file) as the client's to fix (4xx), keeping the reason.
+func settingsErr(err error) error {
+	if err == nil || errors.Is(err, volume.ErrDamaged) {
+		return err
+	}
+	return fmt.Errorf("%w: cannot open the volume with these settings: %v", volume.ErrInvalid, err)
+}
+
 // allocatedBytes is st_blocks*512 of the raw file: what thin provisioning
 // actually uses on the host.
 func allocatedBytes(path string) int64 {
@@ -102,6 +110,8 @@ func (d *Daemon) info(m volume.Meta) VolumeInfo {
 	if v := (*d.vols.Load())[m.Name]; v != nil {
 		vi.Open = true
 		vi.Exports = v.refs.Load()
+	} else if err := d.store.CheckRaw(m.Name); err != nil {
+		vi.Problem = err.Error()
 	}
 	return vi
 }
@@ -144,7 +154,7 @@ func (d *Daemon) CreateVolume(o volume.CreateOptions) (VolumeInfo, error) {
 		// Do not leave a volume the daemon cannot serve (e.g. cache=none on
 		// tmpfs): the user gets the reason and can retry with other settings.
 		d.store.Delete(m.Name, true)
-		return VolumeInfo{}, err
+		return VolumeInfo{}, settingsErr(err)
 	}
 	d.publish(func(mm map[string]*vol) { mm[m.Name] = v })
 	d.log.Info("volume created", "volume", m.Name, "size", m.Size)
@@ -175,6 +185,9 @@ func (d *Daemon) hCreate(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := checkResize(d.cfg.DataDir, name, size); err != nil {
+		return VolumeInfo{}, err
+	}
 	m, err := d.store.Resize(name, size, force)
 	if err != nil {
 		return VolumeInfo{}, err
@@ -221,7 +234,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		}
 		nv, err := openVol(d.store, m, d.engineFor(name), uint32(d.cfg.MaxPayload))
 		if err != nil {
-			return VolumeInfo{}, fmt.Errorf("settings saved, but the volume still cannot be opened: %w", err)
+			return VolumeInfo{}, fmt.Errorf("settings saved, but the volume still cannot be opened: %w", settingsErr(err))
 		}
 		d.publish(func(mm map[string]*vol) { mm[name] = nv })
 		d.log.Info("volume opened after settings change", "volume", name)
@@ -258,7 +271,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		} else {
 			d.publish(func(mm map[string]*vol) { mm[name] = nv })
 		}
-		return VolumeInfo{}, err
+		return VolumeInfo{}, settingsErr(err)
 	}
 	d.publish(func(mm map[string]*vol) { mm[name] = nv })
 	d.log.Info("volume settings changed", "volume", name, "cache", m.Cache, "rotational", m.Rotational, "read_only", m.ReadOnly)
@@ -318,7 +331,14 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 }
 
 func (d *Daemon) hDelete(w http.ResponseWriter, r *http.Request) {
-	force, _ := strconv.ParseBool(r.URL.Query().Get("force"))
+	force := false
+	if f := r.URL.Query().Get("force"); f != "" {
+		var err error
+		if force, err = strconv.ParseBool(f); err != nil {
+			writeErr(w, &APIError{Code: "bad_request", Message: fmt.Sprintf("force=%q: want true or false", f)})
+			return
+		}
+	}
 	if err := d.DeleteVolume(r.PathValue("name"), force); err != nil {
 		writeErr(w, err)
 		return

@@ -18,6 +18,11 @@
 // by then; so is every write acknowledged before it, because engine Close
 // syncs.
 //
+// Reload (reload.go; SIGHUP in `vmsan serve` through HandleReloads) applies
+// a new configuration without dropping clients: new volumes, TLS files, log
+// level; what needs a restart is logged. TLS material lives in serverTLS
+// (tls.go) so new handshakes pick up rotated certificates.
+//
 // Concurrency: Daemon methods are safe for concurrent use. Control
 // operations that change the set of volumes are serialised by mu; the NBD
 // data path reads an immutable snapshot of the volume map and never takes mu.
@@ -26,7 +31,6 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +43,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
@@ -68,8 +73,12 @@ type Daemon struct {
 	log   *slog.Logger
 	store *volume.Store
 	srv   *server.Server
+	tls   *serverTLS // nil when TLS is off
 
-	mu   sync.Mutex                      // serialises changes to vols
+	// mu serialises changes to vols, and guards the fields of cfg that
+	// Reload changes (LogLevel, Volumes, TLS file names); the others are
+	// fixed after New.
+	mu   sync.Mutex
 	vols atomic.Pointer[map[string]*vol] // copy-on-write snapshot
 
 	nbdLns    []net.Listener
@@ -85,9 +94,14 @@ type Daemon struct {
 	serveErr chan error
 	closed   atomic.Bool
 
+	reloadMu sync.Mutex     // serialises Reload
+	level    *slog.LevelVar // the log level, when New made the logger
+
 	// plugins are set in New before anything is served, then read-only.
 	plugins     []Plugin
 	pluginsStop sync.Once
+	// replMetrics is set by the replication plugin (SetReplicaMetrics).
+	replMetrics atomic.Pointer[replMetricsFn]
 }
 
 // Plugin extends a daemon with per-volume features that live outside this
@@ -145,6 +159,25 @@ func runDeletedHooks(dataDir, name string) {
 	}
 }
 
+// ResizeCheck may refuse resizing a volume (to size bytes) with a clear
+// error, with or without a running daemon: replication refuses for a
+// replicated volume, whose two copies must stay the same size.
+type ResizeCheck func(dataDir, name string, size int64) error
+
+var resizeChecks []ResizeCheck
+
+// RegisterResizeCheck adds a resize check. Call from init only.
+func RegisterResizeCheck(c ResizeCheck) { resizeChecks = append(resizeChecks, c) }
+
+func checkResize(dataDir, name string, size int64) error {
+	for _, c := range resizeChecks {
+		if err := c(dataDir, name, size); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // PluginFactory builds a plugin for a daemon's configuration; it returns
 // nil, nil when the plugin has nothing to do.
 type PluginFactory func(cfg config.Config, log *slog.Logger) (Plugin, error)
@@ -196,10 +229,13 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		opts.ShutdownTimeout = 30 * time.Second
 	}
 	log := opts.Logger
+	var level *slog.LevelVar
 	if log == nil {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(cfg.LogLevel)}))
+		level = new(slog.LevelVar)
+		level.Set(logLevel(cfg.LogLevel))
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
-	d := &Daemon{cfg: cfg, opts: opts, log: log, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
+	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
 	empty := map[string]*vol{}
 	d.vols.Store(&empty)
 	defer func() {
@@ -211,6 +247,17 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	if d.store, err = volume.Open(cfg.DataDir); err != nil {
 		return nil, err
 	}
+	for _, n := range d.store.Notices() {
+		lvl := slog.LevelInfo
+		if n.Warn {
+			lvl = slog.LevelWarn
+		}
+		if n.Volume != "" {
+			log.Log(context.Background(), lvl, n.Msg, "volume", n.Volume)
+		} else {
+			log.Log(context.Background(), lvl, n.Msg)
+		}
+	}
 	d.store.SetHooks(volume.Hooks{InUse: d.inUse, Resize: d.resizeHook})
 	if err = d.ensureVolumes(); err != nil {
 		return nil, err
@@ -219,9 +266,12 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 
-	tlsCfg, err := loadTLS(cfg.TLS)
-	if err != nil {
+	if d.tls, err = newServerTLS(cfg.TLS); err != nil {
 		return nil, err
+	}
+	var tlsCfg *tls.Config
+	if d.tls != nil {
+		tlsCfg = d.tls.base()
 	}
 	d.srv = server.New(server.Config{
 		Registry:   registry{d},
@@ -284,7 +334,17 @@ func (d *Daemon) ensureVolumes() error {
 			d.log.Info("created volume from config", "volume", cv.Name, "size", int64(cv.Size))
 		case err != nil:
 			return err
+		case d.store.CheckRaw(cv.Name) != nil:
+			// Damaged: openAll reports it with the repair command; one
+			// damaged volume must not keep the others from being served,
+			// and its size or settings are not touched until repaired.
+			continue
 		case int64(cv.Size) > m.Size:
+			if cerr := checkResize(d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
+				// Serve at the old size rather than refuse to start.
+				d.log.Error("not growing volume to its configured size", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size), "err", cerr)
+				break
+			}
 			if _, err := d.store.Resize(cv.Name, int64(cv.Size), false); err != nil {
 				return err
 			}
@@ -364,6 +424,12 @@ func (d *Daemon) openAll() error {
 	}
 	m := map[string]*vol{}
 	for _, meta := range list {
+		if err := d.store.CheckRaw(meta.Name); err != nil {
+			// Never serve (or let replication "resync") a file that is not
+			// the volume's: the operator repairs it (the error says how).
+			d.log.Error("volume damaged; not exporting it", "volume", meta.Name, "err", err)
+			continue
+		}
 		v, err := openVol(d.store, meta, d.engineFor(meta.Name), uint32(d.cfg.MaxPayload))
 		if err != nil {
 			d.log.Error("cannot open volume; not exporting it", "volume", meta.Name, "err", err)
@@ -409,9 +475,19 @@ func (d *Daemon) resizeHook(name string, size int64) (bool, error) {
 	return true, nil
 }
 
+// NBDSocketMode is the mode of NBD Unix sockets: owner and group may
+// connect (read-write access to the volumes), others may not, whatever the
+// umask. Give a client access by group (chgrp the socket's directory and
+// socket), not by widening the mode.
+const NBDSocketMode = 0o660
+
+// ControlSocketMode is the control socket's mode: only the owner may
+// create, resize or delete volumes.
+const ControlSocketMode = 0o600
+
 func listen(l string) (net.Listener, error) {
 	if p, ok := strings.CutPrefix(l, "unix:"); ok {
-		return listenUnix(p)
+		return listenUnix(p, NBDSocketMode)
 	}
 	ln, err := net.Listen("tcp", l)
 	if err != nil {
@@ -421,8 +497,12 @@ func listen(l string) (net.Listener, error) {
 }
 
 // listenUnix removes a stale socket file (one nobody answers on) before
-// binding, so a daemon killed with -9 can be restarted.
-func listenUnix(p string) (net.Listener, error) {
+// binding, so a daemon killed with -9 can be restarted. The socket gets
+// exactly mode, independent of the umask: the socket's inode is given the
+// mode before bind (Linux creates the file with the socket inode's mode
+// minus the umask, so it is never wider than mode, not even for an
+// instant), and chmod after bind sets it exactly.
+func listenUnix(p string, mode os.FileMode) (net.Listener, error) {
 	if st, err := os.Lstat(p); err == nil {
 		if st.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("listen unix:%s: exists and is not a socket", p)
@@ -437,12 +517,23 @@ func listenUnix(p string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, err
 	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = syscall.Fchmod(int(fd), uint32(mode.Perm())) }); err != nil {
+			return err
+		}
+		return serr
+	}}
 	var ln net.Listener
 	err := withShortPath(p, func(short string) (err error) {
-		ln, err = net.Listen("unix", short)
+		ln, err = lc.Listen(context.Background(), "unix", short)
 		return err
 	})
 	if err != nil {
+		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
+	}
+	if err := os.Chmod(p, mode.Perm()); err != nil {
+		ln.Close()
 		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
 	}
 	return unixListener{ln, p}, nil
@@ -456,30 +547,6 @@ type unixListener struct {
 }
 
 func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
-
-func loadTLS(t config.TLS) (*tls.Config, error) {
-	if t.Mode == "" || t.Mode == "off" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
-	}
-	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca %s: no certificates found", t.CA)
-		}
-		c.ClientCAs = pool
-		c.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return c, nil
-}
 
 // NBDAddrs returns the bound NBD listener addresses in configuration order.
 func (d *Daemon) NBDAddrs() []net.Addr {
@@ -620,6 +687,10 @@ func (d *Daemon) Shutdown() error {
 	if d.closed.Swap(true) {
 		return nil
 	}
+	// Wait for a reload in progress (it may be opening a volume that
+	// closeAll must see); later ones see closed and do nothing.
+	d.reloadMu.Lock()
+	d.reloadMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.ShutdownTimeout)
 	defer cancel()
 	var errs []error

@@ -36,6 +36,9 @@ func PrintVolume(w io.Writer, v VolumeInfo) {
 	if v.Open {
 		fmt.Fprintf(tw, "exports:\t%d\n", v.Exports)
 	}
+	if v.Problem != "" {
+		fmt.Fprintf(tw, "problem:\t%s\n", v.Problem)
+	}
 	tw.Flush()
 }
 

@@ -58,6 +58,11 @@ func engineConfig(e config.Engine) ioengine.Config {
 
 // openVol opens a volume's backend and starts its engine.
 func openVol(store *volume.Store, m volume.Meta, ecfg config.Engine, maxPayload uint32) (*vol, error) {
+	// Never serve a raw file that is not the volume's (missing, or of a
+	// size no vmsan operation leaves): the error names the repair.
+	if err := store.CheckRaw(m.Name); err != nil {
+		return nil, err
+	}
 	be, err := backend.OpenFile(store.RawPath(m.Name), m.Cache, m.ReadOnly)
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %w", m.Name, err)

@@ -372,7 +372,7 @@ func (e *env) trendCheck() Result {
 		hist = hist[len(hist)-maxSamples:]
 	}
 	b, _ := json.Marshal(hist)
-	werr := atomicfile.WriteFile(p, b, 0o644)
+	werr := atomicfile.WriteFile(p, b, 0o600)
 	var old *sample
 	for i := range hist {
 		if now.Sub(hist[i].T) <= trendWindow {

@@ -41,15 +41,16 @@
 // Ready reads (and ready writes) that are contiguous are issued as one
 // vectored ReadvAt (WritevAt) of up to MaxMergeBytes, without copying the
 // payloads. Merging only what happens to be queued when a worker frees up
-// is not enough for seed 002 (a guest writing sequential 4 KiB blocks at
-// queue depth 16-32 onto a fast, page-cached backend): the queue rarely
-// builds, so every 4 KiB write would reach the backend alone.
+// is not enough for a guest writing sequential 4 KiB blocks at queue depth
+// 16-32 onto a fast, page-cached backend: the queue rarely builds, so
+// every 4 KiB write would reach the backend alone.
 //
 // So the engine gathers writes, like an elevator's plug or an NFS server's
 // write gathering: a write that lies within 64 KiB of one of the last 32
 // writes submitted (a sequential stream, possibly slightly out of order) is
-// held back, while the writers have recently had
-// more than one write outstanding, until the first of:
+// held back, while the writers have recently had more than one write
+// outstanding. A held run is released by what is queued first, and by
+// time only as a backstop:
 //
 //   - its contiguous run reaches MaxMergeBytes;
 //   - the writes queued in the engine (outstanding, not yet handed to a
@@ -58,20 +59,43 @@
 //     full, so nothing more will arrive until something completes, and
 //     waiting longer would only add latency;
 //   - another request (an overlapping read, a FLUSH) waits for it;
-//   - GatherDelay (default 300µs) has passed since the oldest write of the
-//     run was held;
-//   - the engine is closing.
+//   - the engine is closing;
+//   - the backstop: no write has joined the run for the current hold, or
+//     its oldest write has been held MaxGatherDelay (default 10 ×
+//     GatherDelay, 3 ms), whichever comes first. While the latest write
+//     was submitted with Request.More (its submitter already holds the
+//     next request: the NBD server sets it when another request is in its
+//     read buffer), only the MaxGatherDelay cap applies.
 //
-// A lone queue-depth-1 stream is never held (its measured queue depth is 1),
-// and random writes far from recent ones are never held. The trade-off: a
-// sequential writer at queue depth > 1 may see up to GatherDelay of extra
-// latency per run when its queue depth drops (the estimate lags by up to
-// 500 ms), and two independent queue-depth-1 writers may wait for each
-// other (up to GatherDelay), in exchange for backend writes of queue-depth × request-size
-// bytes instead of one syscall (and, under cache=none or writethrough, one
-// device write) per 4 KiB. Reads are merged but never held: a reader waits
-// for its data, and read-ahead below already batches sequential reads.
-// Set GatherDelay negative to disable gathering.
+// The hold is twice the largest recent gap between consecutive writes of
+// the stream during which the writers had free slots (fewer writes
+// outstanding than their queue depth), within [GatherDelay,
+// MaxGatherDelay]; it decays by 1/8 per run issued. Why: a queue-full
+// release keeps a closed-loop writer's whole window in one backend write,
+// but only if the window arrives before the backstop fires. On a quiet
+// machine a window arrives within microseconds; on a busy one the client
+// (or the server's reader) is descheduled mid-window for a scheduler time
+// slice, and a fixed 300 µs backstop cut the window into pieces that then
+// complete, and come back, at different times, so the stream stayed
+// fragmented (measured: 40-50 KiB mean instead of 128 KiB). Gaps are
+// measured only while the writers had free slots, because a gap after a
+// full queue is the engine's own service time plus the client's round
+// trip, and counting it would make each hold lengthen the next. Time is
+// read from Config.Clock, so all of this is tested on a manual clock
+// (ioengine/enginetest) with exact figures.
+//
+// A lone queue-depth-1 stream is never held (its measured queue depth is
+// 1), whatever its hints, and random writes far from recent ones are never
+// held. The trade-off: a sequential writer at queue depth > 1 may see up
+// to the hold (at most MaxGatherDelay) of extra latency per run when its
+// queue depth drops (the estimate lags by up to 500 ms), and two
+// independent queue-depth-1 writers may wait for each other, in exchange
+// for backend writes of queue-depth × request-size bytes instead of one
+// syscall (and, under cache=none or writethrough, one device write) per
+// 4 KiB. Reads are merged but never held: a reader waits for its data, and
+// read-ahead below already batches sequential reads. Set GatherDelay
+// negative to disable gathering. Stats.GatherTimeouts counts runs the
+// backstop released and Stats.GatherHold shows the current hold.
 //
 // # Inline execution
 //
@@ -90,7 +114,7 @@
 //     misses no merge;
 //   - fewer than Workers backend calls are running (inline calls count);
 //   - a write is not part of a sequential stream (near a recent write) that
-//     gathering could merge; such writes take the normal path, so seed 002
+//     gathering could merge; such writes take the normal path, so sequential
 //     merging is unchanged;
 //   - the backend's recent service time for its kind (a moving average of
 //     single-request calls, weight 1/8) is below Config.InlineMaxLatency
@@ -104,8 +128,10 @@
 // The inline request stays on the outstanding list while it runs, so every
 // ordering rule above applies to it unchanged.
 //
-// Measured: fio --ioengine=nbd --rw=write --bs=4k --iodepth=32 through
-// vmsan serve reaches the page-cached file as ~126 KiB pwritev calls (merge
-// ratio ~31); TestMergeSequentialWrites asserts a mean >= 64 KiB at QD32 for
-// cache=writeback and cache=none.
+// Measured (docs/benchmarks.md, "Write gathering under load"): fio
+// --ioengine=nbd --rw=write --bs=4k --iodepth=32 through vmsan serve
+// reaches the page-cached file as >= 64 KiB pwritev calls on average also
+// with two busy loops competing for the CPUs; gather_test.go asserts one
+// 128 KiB write per QD32 window, also for a submitter descheduled twice
+// per window, on a manual clock.
 package ioengine

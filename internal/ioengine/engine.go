@@ -16,6 +16,9 @@ const (
 	DefaultMaxMergeBytes = 1 << 20
 	DefaultMaxQueue      = 512
 	DefaultGatherDelay   = 300 * time.Microsecond
+	// DefaultMaxGatherFactor: MaxGatherDelay defaults to this many
+	// GatherDelays (3 ms for the default GatherDelay).
+	DefaultMaxGatherFactor = 10
 	// DefaultInlineMaxLatency: see Config.InlineMaxLatency.
 	DefaultInlineMaxLatency = 30 * time.Microsecond
 	// DefaultInlineIdleLatency: see Config.InlineIdleLatency.
@@ -47,10 +50,20 @@ type Config struct {
 	// blocks when it is reached (backpressure), so memory stays bounded.
 	// Default 512.
 	MaxQueue int
-	// GatherDelay is the longest a sequential write may be held back to be
-	// merged with the writes following it. Negative disables gathering.
+	// GatherDelay is the shortest backstop for a held sequential write:
+	// a write held to be merged with the writes following it goes after
+	// at most this long, unless the stream's measured inter-arrival gaps
+	// (or the submitter's More hint) say more writes are coming later
+	// than that (see the package doc). Negative disables gathering.
 	// Default 300µs.
 	GatherDelay time.Duration
+	// MaxGatherDelay bounds every hold, whatever the measurements and
+	// hints say: no write is held longer. Default 10 × GatherDelay
+	// (3 ms); never below GatherDelay.
+	MaxGatherDelay time.Duration
+	// Clock is the time source of every scheduling decision. Default
+	// RealClock; tests inject ioengine/enginetest.Clock.
+	Clock Clock
 	// InlineMaxLatency enables the inline fast path for Requests marked
 	// Inline: such a request runs on the submitting goroutine when the
 	// backend's recent service time for its kind (a moving average of
@@ -82,6 +95,13 @@ func (c Config) withDefaults() Config {
 	}
 	if c.GatherDelay < 0 {
 		c.GatherDelay = 0
+	}
+	if c.MaxGatherDelay <= 0 {
+		c.MaxGatherDelay = DefaultMaxGatherFactor * c.GatherDelay
+	}
+	c.MaxGatherDelay = max(c.MaxGatherDelay, c.GatherDelay)
+	if c.Clock == nil {
+		c.Clock = RealClock
 	}
 	if c.InlineMaxLatency == 0 {
 		c.InlineMaxLatency = DefaultInlineMaxLatency
@@ -117,7 +137,8 @@ type item struct {
 	rprev, rnext *item // ready list (FIFO)
 	ready        bool
 	inMaps       bool  // indexed by start/end for merging
-	holdUntil    int64 // gathering deadline (engine clock); 0 = not held
+	holdUntil    int64 // held for gathering until (engine clock); 0 = not held
+	holdCap      int64 // ... and never past this (MaxGatherDelay after held)
 	runLen       int64 // bytes of the ready run ending here, when made ready
 	mark         uint64
 	submitted    int64
@@ -130,10 +151,12 @@ type span struct{ off, end int64 }
 // Engine queues, orders, merges and executes Requests against a Backend.
 // See the package documentation.
 type Engine struct {
-	b      backend.Backend
-	cfg    Config
-	gather int64
-	t0     time.Time
+	b         backend.Backend
+	cfg       Config
+	clock     Clock
+	gather    int64 // GatherDelay (ns); 0 = gathering disabled
+	maxGather int64 // MaxGatherDelay (ns)
+	t0        time.Time
 
 	mu        sync.Mutex
 	workCond  sync.Cond // workers wait for work
@@ -156,8 +179,18 @@ type Engine struct {
 	closing, stopped bool
 	epoch            uint64
 
-	timer   *time.Timer
+	timer   Timer
 	timerAt int64
+
+	// Inter-arrival measurement of sequential writes (see holdLocked):
+	// gapMax is a decaying maximum of the gaps between consecutive
+	// sequential writes during which the submitters had free slots.
+	lastNear  int64
+	slotsFree bool // at lastNear, fewer writes were outstanding than qdEstimate
+	gapMax    int64
+	// more: the latest write was submitted with Request.More (its
+	// submitter holds further requests it is about to submit).
+	more bool
 
 	winStart          int64
 	curPeak, prevPeak int
@@ -183,6 +216,7 @@ type statsState struct {
 	rejected, errors           uint64
 	bytesRead, bytesWritten    uint64
 	merged, held, inlined      uint64
+	gatherTimeouts             uint64
 	maxQueue, inflight, maxInF int
 	latency, wsizes, rsizes    logHist
 	rlat, wlat, flat           logHist
@@ -195,8 +229,10 @@ func New(b backend.Backend, cfg Config) *Engine {
 	e := &Engine{
 		b:         b,
 		cfg:       cfg,
+		clock:     cfg.Clock,
 		gather:    int64(cfg.GatherDelay),
-		t0:        time.Now(),
+		maxGather: int64(cfg.MaxGatherDelay),
+		t0:        cfg.Clock.Now(),
 		rdByStart: make(map[int64]*item),
 		rdByEnd:   make(map[int64]*item),
 		wrByStart: make(map[int64]*item),
@@ -211,7 +247,7 @@ func New(b backend.Backend, cfg Config) *Engine {
 	e.st.rlat, e.st.wlat, e.st.flat = e.st.latency, e.st.latency, e.st.latency
 	e.st.wsizes = newLogHist(9, 25) // 512 B .. 32 MiB
 	e.st.rsizes = newLogHist(9, 25)
-	e.timer = time.AfterFunc(time.Hour, e.onTimer)
+	e.timer = e.clock.AfterFunc(time.Hour, e.onTimer)
 	e.timer.Stop()
 	e.wg.Add(cfg.Workers)
 	for i := 0; i < cfg.Workers; i++ {
@@ -220,7 +256,8 @@ func New(b backend.Backend, cfg Config) *Engine {
 	return e
 }
 
-func (e *Engine) now() int64 { return int64(time.Since(e.t0)) }
+// now is the engine clock: nanoseconds since New, read from Config.Clock.
+func (e *Engine) now() int64 { return int64(e.clock.Now().Sub(e.t0)) }
 
 func validOp(op Op) bool { return op >= OpRead && op <= OpCache }
 
@@ -333,10 +370,13 @@ func (e *Engine) Submit(r *Request) {
 	}
 	e.outTail = it
 
+	wasMore := e.more
 	if it.op == OpWrite {
 		it.near = e.nearRecentLocked(it.off, it.end)
 		e.recent[e.recentPos] = span{it.off, it.end}
 		e.recentPos = (e.recentPos + 1) % recentWrites
+		e.noteArrivalLocked(it, now)
+		e.more = r.More
 	}
 	if it.deps == 0 && r.Inline && e.inlineOKLocked(it, now) {
 		e.runInline(it) // drops the lock
@@ -347,12 +387,13 @@ func (e *Engine) Submit(r *Request) {
 	}
 	if e.idle > 0 && e.readyHead != nil {
 		if it.ready && it.holdUntil != 0 && e.outWrites-e.dispWrites < e.qdEstimate() &&
-			it.runLen < e.cfg.MaxMergeBytes {
+			it.runLen < e.cfg.MaxMergeBytes && now < e.releaseAt(it) && (e.more || !wasMore) {
 			// A held write that does not fill the submitters' queue: no
 			// worker has anything new to do (waking one per held write
 			// would cost a context switch per request), but make sure the
-			// deadline will wake one.
-			e.armTimerLocked(it.holdUntil, now)
+			// deadline will wake one. (When More was just withdrawn,
+			// earlier holds may be due now: a worker re-evaluates them.)
+			e.armTimerLocked(e.releaseAt(it), now)
 		} else {
 			e.workCond.Signal()
 		}
@@ -375,7 +416,7 @@ func (e *Engine) inlineOKLocked(it *item, now int64) bool {
 	}
 	n := 0
 	for x := e.readyHead; x != nil; x = x.rnext {
-		if x.holdUntil == 0 || now >= x.holdUntil || n == 64 {
+		if x.holdUntil == 0 || now >= e.releaseAt(x) || n == 64 {
 			return false
 		}
 		n++
@@ -482,6 +523,49 @@ func (e *Engine) nearRecentLocked(off, end int64) bool {
 	return false
 }
 
+// noteArrivalLocked measures the inter-arrival gaps of sequential writes
+// from submitters with free slots (see holdLocked). REQUIRES: it is an
+// OpWrite already counted in outWrites.
+//
+// A gap counts only when, at the previous sequential write, fewer writes
+// were outstanding than the submitters' measured queue depth: the
+// submitter could have sent the next write at once and did not (it was
+// descheduled, or its client was), which is what a backstop must outlast.
+// A gap after a full queue is the engine's own service time plus the
+// client's round trip; counting it would make every hold lengthen the
+// next one.
+func (e *Engine) noteArrivalLocked(it *item, now int64) {
+	if !it.near || e.gather == 0 {
+		return
+	}
+	qd := e.qdEstimate()
+	if e.slotsFree && qd > 1 {
+		if gap := now - e.lastNear; gap <= e.maxGather && gap > e.gapMax {
+			e.gapMax = gap
+		}
+	}
+	e.lastNear, e.slotsFree = now, e.outWrites < qd
+}
+
+// holdLocked is how long a run of held writes waits for its next write
+// before the backstop releases it: twice the recent largest inter-arrival
+// gap of the stream, so a submitter that is slow to use its free slots
+// (a loaded machine: its gaps are scheduler time slices, not
+// microseconds) still gets its writes merged, within
+// [GatherDelay, MaxGatherDelay].
+func (e *Engine) holdLocked() int64 {
+	return min(max(2*e.gapMax, e.gather), e.maxGather)
+}
+
+// releaseAt is the earliest time a held write's run can be released by
+// the backstop on its account (see runStateLocked for the run's time).
+func (e *Engine) releaseAt(it *item) int64 {
+	if e.more {
+		return it.holdCap
+	}
+	return min(it.holdUntil, it.holdCap)
+}
+
 // qdEstimate is the writers' recent queue depth: the most OpWrite requests
 // outstanding at once over the last one or two qdWindows. Only writes
 // count, so a busy reader does not make a queue-depth-1 writer look deep.
@@ -536,13 +620,12 @@ func (e *Engine) makeReadyLocked(it *item, now int64) {
 	// the whole chain by GatherDelay per link.
 	if it.op == OpWrite && it.inMaps && e.gather > 0 && it.near && !e.closing && len(it.dependents) == 0 &&
 		e.qdEstimate() > 1 && it.end-it.off < e.cfg.MaxMergeBytes {
-		hu := now + e.gather
-		// Join the deadline of the run this write extends, so a run's
-		// deadline is its oldest member's and cannot slide forever.
-		if p := byEnd[it.off]; p != nil && p.holdUntil != 0 && p.holdUntil < hu {
-			hu = p.holdUntil
-		}
-		it.holdUntil = hu
+		// A run waits while its writes keep coming (each new member
+		// pushes its backstop to now + hold) but never past the cap of
+		// its oldest member (see runStateLocked).
+		// INVARIANT: 0 < holdUntil <= holdCap = (time held) + MaxGatherDelay
+		// for every held write: the cap bounds every hold.
+		it.holdUntil, it.holdCap = now+e.holdLocked(), now+e.maxGather
 		e.st.held++
 	}
 }
@@ -584,12 +667,28 @@ func (e *Engine) unreadyLocked(it *item) {
 // (up to MaxMergeBytes). Returns the batch head (linked by bnext) or nil.
 //
 // Gathering policy (see package doc): a held write is released when its
-// deadline passes, when its run reaches MaxMergeBytes, when something waits
-// for it, when the engine closes, or when the submitters' queue is as deep
-// as it recently got (no more requests will arrive until some complete).
+// run reaches MaxMergeBytes, when something waits for it, when the engine
+// closes, when the submitters' queue is as deep as it recently got (no
+// more requests will arrive until some complete), or, as a backstop, when
+// its run's time is up (runStateLocked).
 func (e *Engine) pickLocked(now int64) *item {
-	if e.readyHead == nil {
+	it, expired := e.findLocked(now)
+	if it == nil {
 		return nil
+	}
+	if expired {
+		e.st.gatherTimeouts++
+	}
+	return e.takeRunLocked(it)
+}
+
+// findLocked is pickLocked's decision without taking anything: the ready
+// item whose run goes next (nil if none is due; the timer is then armed
+// for the earliest backstop), and whether it goes because a backstop
+// expired.
+func (e *Engine) findLocked(now int64) (next *item, expired bool) {
+	if e.readyHead == nil {
+		return nil, false
 	}
 	release := e.closing || e.outWrites-e.dispWrites >= e.qdEstimate()
 	e.epoch++
@@ -598,41 +697,61 @@ func (e *Engine) pickLocked(now int64) *item {
 		if it.mark == e.epoch {
 			continue
 		}
-		if it.holdUntil != 0 && !release && now < it.holdUntil {
-			if !e.runReleasedLocked(it, now) {
-				if earliest == 0 || it.holdUntil < earliest {
-					earliest = it.holdUntil
-				}
-				continue
+		if it.holdUntil != 0 && !release {
+			free, at := e.runStateLocked(it)
+			if free {
+				return it, false
 			}
+			if now >= at {
+				return it, true
+			}
+			if earliest == 0 || at < earliest {
+				earliest = at
+			}
+			continue
 		}
-		return e.takeRunLocked(it)
+		return it, false
 	}
 	if earliest != 0 {
 		e.armTimerLocked(earliest, now)
 	}
-	return nil
+	return nil, false
 }
 
-// runReleasedLocked measures the contiguous run of ready writes around a
-// held item, marking its members as seen for this pick. The run goes if it
-// has reached MaxMergeBytes or any member is no longer held.
-func (e *Engine) runReleasedLocked(it *item, now int64) bool {
+// runStateLocked measures the contiguous run of ready writes around a
+// held item, marking its members as seen for this pick. The run goes now
+// (free) if it has reached MaxMergeBytes or a member is no longer held;
+// otherwise the backstop releases it at `at`: when its newest member's
+// hold has passed with no further write joining, or when its oldest
+// member has been held MaxGatherDelay, whichever comes first; while the
+// latest write came with Request.More, only at the latter.
+func (e *Engine) runStateLocked(it *item) (free bool, at int64) {
 	byStart, byEnd := e.maps(it.op)
 	total := it.end - it.off
-	free := false
 	it.mark = e.epoch
+	until, capAt := it.holdUntil, it.holdCap
+	note := func(x *item) {
+		x.mark = e.epoch
+		total += x.end - x.off
+		if x.holdUntil == 0 {
+			free = true
+			return
+		}
+		until, capAt = max(until, x.holdUntil), min(capAt, x.holdCap)
+	}
 	for p := byEnd[it.off]; p != nil && total < e.cfg.MaxMergeBytes; p = byEnd[p.off] {
-		p.mark = e.epoch
-		total += p.end - p.off
-		free = free || p.holdUntil == 0 || now >= p.holdUntil
+		note(p)
 	}
 	for q := byStart[it.end]; q != nil && total < e.cfg.MaxMergeBytes; q = byStart[q.end] {
-		q.mark = e.epoch
-		total += q.end - q.off
-		free = free || q.holdUntil == 0 || now >= q.holdUntil
+		note(q)
 	}
-	return free || total >= e.cfg.MaxMergeBytes
+	if free || total >= e.cfg.MaxMergeBytes {
+		return true, 0
+	}
+	if e.more {
+		return false, capAt
+	}
+	return false, min(until, capAt)
 }
 
 // takeRunLocked removes it and its mergeable neighbours from the ready list
@@ -686,6 +805,10 @@ func (e *Engine) takeRunLocked(it *item) *item {
 	}
 	if it.op == OpWrite {
 		e.dispWrites += n
+		// One run per write cycle of the stream: the gap measurement
+		// decays by 1/8 per run, so one long descheduling lengthens the
+		// holds of the next few cycles, not for ever.
+		e.gapMax -= e.gapMax >> 3
 	}
 	return left
 }
@@ -914,25 +1037,27 @@ func (e *Engine) Stats() Stats {
 	defer e.mu.Unlock()
 	s := &e.st
 	return Stats{
-		Requests:      s.requests,
-		Rejected:      s.rejected,
-		BackendOps:    s.backendOps,
-		Errors:        s.errors,
-		BytesRead:     s.bytesRead,
-		BytesWritten:  s.bytesWritten,
-		Merged:        s.merged,
-		Held:          s.held,
-		Inlined:       s.inlined,
-		QueueDepth:    e.outstanding,
-		MaxQueueDepth: s.maxQueue,
-		InFlight:      s.inflight,
-		MaxInFlight:   s.maxInF,
-		Latency:       s.latency.snapshot(),
-		ReadLatency:   s.rlat.snapshot(),
-		WriteLatency:  s.wlat.snapshot(),
-		FlushLatency:  s.flat.snapshot(),
-		WriteSizes:    s.wsizes.snapshot(),
-		ReadSizes:     s.rsizes.snapshot(),
+		Requests:       s.requests,
+		Rejected:       s.rejected,
+		BackendOps:     s.backendOps,
+		Errors:         s.errors,
+		BytesRead:      s.bytesRead,
+		BytesWritten:   s.bytesWritten,
+		Merged:         s.merged,
+		Held:           s.held,
+		Inlined:        s.inlined,
+		GatherTimeouts: s.gatherTimeouts,
+		GatherHold:     time.Duration(e.holdLocked()),
+		QueueDepth:     e.outstanding,
+		MaxQueueDepth:  s.maxQueue,
+		InFlight:       s.inflight,
+		MaxInFlight:    s.maxInF,
+		Latency:        s.latency.snapshot(),
+		ReadLatency:    s.rlat.snapshot(),
+		WriteLatency:   s.wlat.snapshot(),
+		FlushLatency:   s.flat.snapshot(),
+		WriteSizes:     s.wsizes.snapshot(),
+		ReadSizes:      s.rsizes.snapshot(),
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/backend/backendtest"
 	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/ioengine/enginetest"
 )
 
 // TestInlineRunsOnSubmitter: serial Inline reads on a fast backend run on
@@ -50,38 +51,48 @@ func TestInlineRunsOnSubmitter(t *testing.T) {
 	}
 }
 
+// slowMem is a Mem whose reads take d on a manual clock: the engine
+// measures exactly d per call, however slow the machine running the test.
+type slowMem struct {
+	*backend.Mem
+	clk *enginetest.Clock
+	d   time.Duration
+}
+
+func (m *slowMem) ReadvAt(b [][]byte, off int64) error {
+	m.clk.Advance(m.d)
+	return m.Mem.ReadvAt(b, off)
+}
+
 // TestInlineSlowBackendUsesWorkers: once the backend is slow (a disk, not
 // the page cache), Inline requests go to the workers so the submitter can
-// keep pipelining.
+// keep pipelining; requests marked Idle (queue depth 1) still run inline
+// while the backend is within InlineIdleLatency. On a manual clock the
+// engine's service-time average is exact.
 func TestInlineSlowBackendUsesWorkers(t *testing.T) {
-	e := ioengine.New(backendtest.NewDelay(backend.NewMem(1<<20), 200*time.Microsecond, 0), ioengine.Config{})
-	buf := make([]byte, 4096)
 	const n = 40
-	for i := 0; i < n; i++ {
-		if err := e.Do(&ioengine.Request{Op: ioengine.OpRead, Offset: 0, Length: 4096, Data: buf, Inline: true}); err != nil {
-			t.Fatal(err)
+	for _, idle := range []bool{false, true} {
+		clk := enginetest.NewClock()
+		e := ioengine.New(&slowMem{Mem: backend.NewMem(1 << 20), clk: clk, d: 200 * time.Microsecond}, ioengine.Config{Clock: clk})
+		buf := make([]byte, 4096)
+		for i := 0; i < n; i++ {
+			if err := e.Do(&ioengine.Request{Op: ioengine.OpRead, Offset: 0, Length: 4096, Data: buf, Inline: true, Idle: idle}); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	e.Close()
-	// The moving average starts at 0 and moves 1/8 of the way per call:
-	// 25µs after the first 200µs call, above 30µs after the second.
-	if s := e.Stats(); s.Inlined > 3 {
-		t.Fatalf("%d of %d reads on a 200µs backend ran inline (limit 30µs)", s.Inlined, n)
-	}
-
-	// The same requests marked Idle (queue depth 1) run inline when the
-	// backend is within InlineIdleLatency (set far above the 200µs, since
-	// sleeps overshoot on a loaded machine; InlineMaxLatency stays 30µs).
-	e = ioengine.New(backendtest.NewDelay(backend.NewMem(1<<20), 200*time.Microsecond, 0),
-		ioengine.Config{InlineIdleLatency: 50 * time.Millisecond})
-	for i := 0; i < n; i++ {
-		if err := e.Do(&ioengine.Request{Op: ioengine.OpRead, Offset: 0, Length: 4096, Data: buf, Inline: true, Idle: true}); err != nil {
-			t.Fatal(err)
+		e.Close()
+		s := e.Stats()
+		// The moving average starts at 0 and moves 1/8 of the way per
+		// call: 25µs after the first 200µs call (still below the 30µs
+		// InlineMaxLatency), 46.9µs after the second; it stays below
+		// InlineIdleLatency (300µs) for good.
+		want := uint64(2)
+		if idle {
+			want = n
 		}
-	}
-	e.Close()
-	if s := e.Stats(); s.Inlined < n/2 {
-		t.Fatalf("only %d of %d Idle reads on a 200µs backend ran inline (limit 50ms)", s.Inlined, n)
+		if s.Inlined != want {
+			t.Fatalf("idle=%v: %d of %d reads on a 200µs backend ran inline, want %d", idle, s.Inlined, n, want)
+		}
 	}
 }
 

@@ -58,6 +58,14 @@ type Request struct {
 	// pipelining by blocking, so the engine may inline calls up to
 	// Config.InlineIdleLatency instead of InlineMaxLatency.
 	Idle bool
+	// More says the submitter already holds at least one further request
+	// that it will submit right after this one (an NBD connection with
+	// another complete request in its read buffer, a replication receiver
+	// with more applies queued): a hint for write gathering, which then
+	// keeps holding a sequential run past its timed backstop, up to
+	// Config.MaxGatherDelay, because the run's next writes are in the
+	// submitter's hands already. It never makes a request wait by itself.
+	More bool
 
 	// Err is set by the engine before Done is called.
 	Err error

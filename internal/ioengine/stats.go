@@ -1,6 +1,9 @@
 package ioengine
 
-import "math/bits"
+import (
+	"math/bits"
+	"time"
+)
 
 // OpCounts is a counter per request kind.
 type OpCounts struct {
@@ -52,6 +55,15 @@ type Stats struct {
 	Merged uint64
 	// Held counts writes that the gathering policy delayed.
 	Held uint64
+	// GatherTimeouts counts runs of held writes released by their timed
+	// backstop (GatherDelay, stretched by measurement or More, capped by
+	// MaxGatherDelay) rather than because the submitters' queue or the
+	// run was full, something waited for them, or Close.
+	GatherTimeouts uint64
+	// GatherHold is the current backstop for newly held writes (see the
+	// package doc: twice the recent largest inter-arrival gap, within
+	// [GatherDelay, MaxGatherDelay]); instantaneous.
+	GatherHold time.Duration
 	// Inlined counts Inline requests executed on the submitting goroutine
 	// (no hand-off to a worker).
 	Inlined uint64

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"net"
@@ -45,9 +46,15 @@ func TestNeedToolFound(t *testing.T) {
 // TestWriteTLSCerts: the files load as key pairs, and a TLS handshake with
 // the written server certificate verifies against the written CA for both
 // "localhost" and 127.0.0.1, with client authentication by the client
-// certificate.
+// certificate; for each key type.
 func TestWriteTLSCerts(t *testing.T) {
-	c := WriteTLSCerts(t, t.TempDir())
+	for _, kt := range []KeyType{ECDSA, RSA} {
+		t.Run(string(kt), func(t *testing.T) { testWriteTLSCerts(t, kt) })
+	}
+}
+
+func testWriteTLSCerts(t *testing.T, kt KeyType) {
+	c := WriteTLSCertsKey(t, t.TempDir(), kt)
 	for _, name := range []string{"ca-cert.pem", "server-cert.pem", "server-key.pem", "client-cert.pem", "client-key.pem"} {
 		if _, err := os.Stat(c.File(name)); err != nil {
 			t.Fatal(err)
@@ -76,8 +83,13 @@ func TestWriteTLSCerts(t *testing.T) {
 			t.Fatalf("%s: client handshake %v, server handshake %v", serverName, cerr, serr)
 		}
 	}
+	if kt == RSA {
+		if _, ok := srvPair.PrivateKey.(*rsa.PrivateKey); !ok {
+			t.Fatalf("server key is %T, want RSA", srvPair.PrivateKey)
+		}
+	}
 	// A second call makes a different CA: its server is not trusted by the first.
-	other := WriteTLSCerts(t, t.TempDir())
+	other := WriteTLSCertsKey(t, t.TempDir(), kt)
 	cerr, _ := handshake(t, &tls.Config{Certificates: []tls.Certificate{other.Server}}, &tls.Config{RootCAs: c.CAPool, ServerName: "localhost"})
 	if cerr == nil {
 		t.Fatal("certificate from another test CA verified")

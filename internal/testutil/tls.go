@@ -1,9 +1,11 @@
 package testutil
 
 import (
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -28,17 +30,42 @@ type TLSCerts struct {
 // File returns the path of one of the written files, e.g. "server-key.pem".
 func (c TLSCerts) File(name string) string { return filepath.Join(c.Dir, name) }
 
-// WriteTLSCerts creates a fresh test CA and, signed by it, a server and a
+// KeyType selects the key algorithm of the certificates WriteTLSCertsKey
+// makes.
+type KeyType string
+
+// Key types. Both matter: GnuTLS clients (qemu, libnbd) pick their client
+// certificate differently for RSA and ECDSA keys in TLS 1.3.
+const (
+	ECDSA KeyType = "ecdsa" // P-256
+	RSA   KeyType = "rsa"   // 2048 bits
+)
+
+// WriteTLSCerts is WriteTLSCertsKey with ECDSA keys.
+func WriteTLSCerts(t testing.TB, dir string) TLSCerts { return WriteTLSCertsKey(t, dir, ECDSA) }
+
+// WriteTLSCertsKey creates a fresh test CA and, signed by it, a server and a
 // client certificate, and writes them into dir in the layout nbdkit, qemu
 // (tls-creds-x509 dir=) and libnbd (tls-certificates=) expect:
 // ca-cert.pem, server-cert.pem, server-key.pem, client-cert.pem,
-// client-key.pem. Keys are ECDSA P-256 in PKCS#8 ("PRIVATE KEY"), which both
-// Go and GnuTLS read. The server certificate is valid for "localhost" and
+// client-key.pem. Every key (CA included) is of type kt, in PKCS#8
+// ("PRIVATE KEY"), which both Go and GnuTLS read. Leaf certificates carry
+// digitalSignature (TLS 1.3 signs with every key type) and
+// keyEncipherment. The server certificate is valid for "localhost" and
 // 127.0.0.1, for a day either side of now.
-func WriteTLSCerts(t testing.TB, dir string) TLSCerts {
+func WriteTLSCertsKey(t testing.TB, dir string, kt KeyType) TLSCerts {
 	t.Helper()
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	newKey := func() crypto.Signer {
+		var k crypto.Signer
+		var err error
+		switch kt {
+		case ECDSA:
+			k, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		case RSA:
+			k, err = rsa.GenerateKey(rand.Reader, 2048)
+		default:
+			t.Fatalf("WriteTLSCertsKey: unknown key type %q", kt)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -57,7 +84,7 @@ func WriteTLSCerts(t testing.TB, dir string) TLSCerts {
 		IsCA: true, BasicConstraintsValid: true,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +102,7 @@ func WriteTLSCerts(t testing.TB, dir string) TLSCerts {
 			ExtKeyUsage: []x509.ExtKeyUsage{usage},
 			DNSNames:    []string{"localhost"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, k.Public(), caKey)
 		if err != nil {
 			t.Fatal(err)
 		}

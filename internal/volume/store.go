@@ -10,18 +10,36 @@
 //
 // Layout of a data directory:
 //
-//	<dir>/vmsan.lock          flock(LOCK_EX) held by the owning process, holds its pid
-//	<dir>/volumes/<name>.raw  the volume's bytes, a sparse (thin) raw file
-//	<dir>/volumes/<name>.json metadata (Meta), replaced atomically
+//	<dir>/                    0700; flock(LOCK_EX) on the directory itself
+//	<dir>/vmsan.lock          the owner's pid (information; also flocked)
+//	<dir>/volumes/<name>.raw  the volume's bytes, a sparse (thin) raw file, 0600
+//	<dir>/volumes/<name>.json metadata (Meta), replaced atomically, 0600
 //	<dir>/volumes/<name>.state/ optional per-volume state for other subsystems
 //	                          (replication bitmap, generations), see StateDir
 //
+// Permissions: volumes are VM disks, so everything the store creates is
+// owner-only (files 0600, directories 0700) whatever the umask, and Open
+// tightens what it finds wider (volumes/, repl/ and their contents, and the
+// data directory itself when we own it and it is not a shared sticky
+// directory like /tmp), reporting each change in Notices.
+//
 // The metadata file is the commit point: a volume exists exactly when its
 // .json exists. A .raw without a .json is debris from a crash during Create
-// or Delete and is overwritten by the next Create of that name. If a crash
-// interrupts a resize, Open reconciles the raw file's length to the size in
-// the metadata (the new size was never advertised to a client before the
-// metadata was durable).
+// or Delete and is overwritten by the next Create of that name.
+//
+// The store never shrinks, extends or recreates a raw file on its own
+// unless the metadata proves that vmsan itself was in the middle of doing
+// so: Resize records the old size (Meta.ResizeFrom) with the new one before
+// touching the file and clears it after. If a crash interrupts a resize,
+// Open finds the file at the old size and converges without losing a byte:
+// an interrupted grow is completed (extending adds zeroes), an interrupted
+// shrink is rolled back (the metadata returns to the old size; the resize
+// never returned success, so the operator repeats it). Any other
+// disagreement (a raw file missing, or of a size vmsan never gave it) is
+// damage from outside: the volume is not served (CheckRaw returns
+// ErrDamaged naming the file, both sizes and the repair command) until the
+// operator runs `vmsan volume repair` (Repair), which always gives the
+// volume a new data identity (identity.go) so a replica resyncs in full.
 //
 // Concurrency: all methods are safe for concurrent use; they are serialised
 // by one mutex. Only one process can open a data directory at a time
@@ -87,6 +105,10 @@ var (
 	ErrBadSize  = errors.New("invalid volume size")
 	ErrInvalid  = errors.New("invalid volume option")
 	ErrReadOnly = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
+	// ErrDamaged: the raw file is missing or disagrees with the metadata in
+	// a way no vmsan crash produces; the volume is not served until
+	// `vmsan volume repair`.
+	ErrDamaged = errors.New("raw file does not match the volume metadata")
 )
 
 // Meta is a volume's persistent metadata.
@@ -102,6 +124,15 @@ type Meta struct {
 	ReadOnly          bool              `json:"read_only"`
 	Created           time.Time         `json:"created"`
 	Description       string            `json:"description,omitempty"`
+	// ResizeFrom is the size before a resize in progress: set (with the new
+	// Size) before the raw file changes, cleared after. Found set at Open it
+	// proves a crash interrupted the resize (see package doc).
+	ResizeFrom int64 `json:"resize_from,omitempty"`
+	// DataID names the raw file's data lineage (identity.go): it changes
+	// when the store finds the file replaced, and on every repair.
+	// Replication records it and resyncs in full when it changed.
+	DataID   string `json:"data_id,omitempty"`
+	DataFile FileID `json:"data_file,omitzero"`
 }
 
 // CreateOptions describes a new volume. Zero values get defaults: block
@@ -134,47 +165,88 @@ type Hooks struct {
 
 // Store is an open data directory.
 type Store struct {
-	dir  string
-	vdir string
-	lock *os.File
+	dir     string
+	vdir    string
+	lock    *os.File // vmsan.lock: pid, and flocked for older vmsan versions
+	dirLock *os.File // the data directory itself: the lock that counts
 
-	mu     sync.Mutex
-	hooks  Hooks
-	closed bool
+	mu        sync.Mutex
+	hooks     Hooks
+	closed    bool
+	notices   []Notice
+	idChanged map[string]bool
+	// unverified holds volumes whose data identity Open could not check or
+	// record: they are not served (CheckRaw) rather than served unchecked.
+	unverified map[string]error
 }
 
+// Notice is something Open did or found that the operator should see in
+// the log (the store has no logger of its own; the daemon logs these).
+type Notice struct {
+	Volume string // "" for the data directory as a whole
+	Warn   bool   // warning (data safety) rather than information
+	Msg    string
+}
+
+// dirMode and fileMode are what the store creates: owner-only.
+const (
+	dirMode  = 0o700
+	fileMode = 0o600
+)
+
 // Open opens (creating if needed) the data directory dir and takes its lock.
-// It removes leftover temporary metadata files and reconciles raw file
-// lengths with the metadata.
+// It removes leftover temporary metadata files, tightens permissions,
+// converges resizes interrupted by a crash and checks every volume's data
+// identity (see package doc and identity.go). A volume whose raw file is
+// damaged does not make Open fail: CheckRaw reports it, so the other
+// volumes can still be served.
 func Open(dir string) (*Store, error) {
 	if dir == "" {
 		return nil, errors.New("volume: empty data directory path")
 	}
 	vdir := filepath.Join(dir, VolumesDir)
-	if err := os.MkdirAll(vdir, 0o755); err != nil {
+	if err := os.MkdirAll(vdir, dirMode); err != nil {
 		return nil, fmt.Errorf("volume: create data directory: %w", err)
 	}
-	lf, err := os.OpenFile(filepath.Join(dir, LockFileName), os.O_RDWR|os.O_CREATE, 0o644)
+	// The lock is a flock on the directory itself: it cannot be unlinked
+	// away (removing vmsan.lock used to let a second daemon in), and the
+	// kernel drops it when the process dies, so a crashed daemon never
+	// leaves the directory locked.
+	dl, err := os.Open(dir)
 	if err != nil {
 		return nil, fmt.Errorf("volume: %w", err)
 	}
-	// flock, not a pid file: the kernel drops it when the process dies, so a
-	// crashed daemon never leaves the directory locked.
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		pid, _ := os.ReadFile(lf.Name())
-		lf.Close()
+	lockErr := func(err error) error {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
+			pid, _ := os.ReadFile(filepath.Join(dir, LockFileName))
 			p := strings.TrimSpace(string(pid))
 			if p == "" {
 				p = "unknown"
 			}
-			return nil, fmt.Errorf("%w: %s (pid %s)", ErrLocked, dir, p)
+			return fmt.Errorf("%w: %s (pid %s)", ErrLocked, dir, p)
 		}
-		return nil, fmt.Errorf("volume: lock %s: %w", lf.Name(), err)
+		return fmt.Errorf("volume: lock %s: %w", dir, err)
+	}
+	if err := syscall.Flock(int(dl.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		dl.Close()
+		return nil, lockErr(err)
+	}
+	lf, err := os.OpenFile(filepath.Join(dir, LockFileName), os.O_RDWR|os.O_CREATE, fileMode)
+	if err != nil {
+		dl.Close()
+		return nil, fmt.Errorf("volume: %w", err)
+	}
+	// Also flock the pid file: a vmsan from before the directory lock only
+	// knows this one.
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lf.Close()
+		dl.Close()
+		return nil, lockErr(err)
 	}
 	lf.Truncate(0)
 	lf.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	s := &Store{dir: dir, vdir: vdir, lock: lf}
+	s := &Store{dir: dir, vdir: vdir, lock: lf, dirLock: dl, idChanged: map[string]bool{}, unverified: map[string]error{}}
+	s.tightenAll()
 	atomicfile.RemoveTemps(vdir)
 	if err := s.reconcile(); err != nil {
 		s.Close()
@@ -183,10 +255,33 @@ func Open(dir string) (*Store, error) {
 	return s, nil
 }
 
-// reconcile makes every raw file as long as its metadata says (see package
-// doc) and recreates a missing raw file as a hole. It is best-effort: a
-// volume it cannot repair is left alone (opening it will fail and report
-// why), so one damaged volume does not keep the others from being served.
+// Notices returns what Open did or found (permission changes, converged
+// resizes, changed data identities), for the caller to log.
+func (s *Store) Notices() []Notice {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Notice(nil), s.notices...)
+}
+
+// IdentityChanged reports whether this Store found, at Open or through
+// Repair, that the volume's raw file is not the one its metadata recorded
+// and gave it a new DataID. (Replication does not rely on this: it keeps
+// the DataID it last saw, which survives a crash between the two.)
+func (s *Store) IdentityChanged(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.idChanged[name]
+}
+
+func (s *Store) notice(vol string, warn bool, format string, args ...any) {
+	s.notices = append(s.notices, Notice{Volume: vol, Warn: warn, Msg: fmt.Sprintf(format, args...)})
+}
+
+// reconcile converges resizes that a crash interrupted and checks data
+// identities (see package doc). It never changes a raw file's contents or
+// length except to finish an interrupted grow. It is best-effort per
+// volume: a volume it cannot check is left for CheckRaw to report, so one
+// damaged volume does not keep the others from being served.
 func (s *Store) reconcile() error {
 	ms, err := s.list()
 	if err != nil && ms == nil {
@@ -194,22 +289,127 @@ func (s *Store) reconcile() error {
 	}
 	// Volumes with unreadable metadata are skipped here; List reports them.
 	for _, m := range ms {
-		p := s.RawPath(m.Name)
-		st, err := os.Stat(p)
-		if err == nil && (st.Size() == m.Size || !st.Mode().IsRegular()) {
-			continue
+		s.reconcileOne(m)
+	}
+	return nil
+}
+
+func (s *Store) reconcileOne(m Meta) {
+	p := s.RawPath(m.Name)
+	st, err := os.Lstat(p)
+	if err != nil || !st.Mode().IsRegular() {
+		return // CheckRaw reports it
+	}
+	if m.ResizeFrom != 0 {
+		switch {
+		case st.Size() == m.Size:
+			// The file was resized; only clearing the mark was lost.
+		case st.Size() == m.ResizeFrom && m.Size > m.ResizeFrom:
+			// Interrupted grow: extending adds zeroes, loses nothing.
+			if err := os.Truncate(p, m.Size); err != nil {
+				return
+			}
+			if f, err := os.Open(p); err == nil {
+				f.Sync()
+				f.Close()
+			}
+			s.notice(m.Name, false, "completed a grow interrupted by a crash: %s extended from %d to %d bytes", p, m.ResizeFrom, m.Size)
+		case st.Size() == m.ResizeFrom && m.Size < m.ResizeFrom:
+			// Interrupted shrink: keep every byte, go back to the old size.
+			s.notice(m.Name, true, "a shrink from %d to %d bytes was interrupted by a crash before the file was cut; the volume keeps its old size %d (repeat the resize)", m.ResizeFrom, m.Size, m.ResizeFrom)
+			m.Size = m.ResizeFrom
+		default:
+			return // neither size: damage, CheckRaw reports it
 		}
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			continue
+		m.ResizeFrom = 0
+		if s.writeMeta(m) != nil {
+			return
 		}
-		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
-		if err != nil {
-			continue
+	}
+	if st.Size() != m.Size {
+		return // CheckRaw reports it
+	}
+	// From here on, failing to check or record the identity must not let
+	// the volume be served unchecked: replication would trust stale state.
+	unverified := func(err error) {
+		s.unverified[m.Name] = fmt.Errorf("volume %s: %w: cannot check the data identity of %s: %v", m.Name, ErrDamaged, p, err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		unverified(err)
+		return
+	}
+	defer f.Close()
+	if m.DataID == "" {
+		// Metadata from before data identities: adopt this file.
+		if err := newIdentity(f, &m); err != nil {
+			unverified(err)
+		} else if err := s.writeMeta(m); err != nil {
+			unverified(err)
+		} else {
+			s.notice(m.Name, false, "recorded a data identity for %s (%s)", p, m.DataID)
 		}
-		if f.Truncate(m.Size) == nil {
-			f.Sync()
-		}
-		f.Close()
+		return
+	}
+	ok, why, err := identityMatches(f, m)
+	if err != nil {
+		unverified(err)
+		return
+	}
+	if ok {
+		return
+	}
+	old := m.DataID
+	if err := newIdentity(f, &m); err != nil {
+		unverified(err)
+		return
+	}
+	if err := s.writeMeta(m); err != nil {
+		unverified(err)
+		return
+	}
+	s.idChanged[m.Name] = true
+	s.notice(m.Name, true, "raw file %s is not the file this volume last used (%s): it was replaced or recreated while vmsan was down; new data identity %s (was %s); a replicated volume resyncs in full from its peer", p, why, m.DataID, old)
+}
+
+// CheckRaw reports whether a volume's raw file can be served: nil, or an
+// error wrapping ErrDamaged that names the file, the sizes and the repair
+// command. It changes nothing.
+func (s *Store) CheckRaw(name string) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, err := s.get(name)
+	if err != nil {
+		return err
+	}
+	return s.checkRaw(m)
+}
+
+func (s *Store) checkRaw(m Meta) error {
+	if err := s.unverified[m.Name]; err != nil {
+		return err
+	}
+	p := s.RawPath(m.Name)
+	st, err := os.Lstat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("volume %s: %w: %s is missing (the metadata says %d bytes); not serving it. "+
+			"If its data is gone for good, create an empty (all-zero) file with: vmsan volume repair %s --recreate "+
+			"(a replicated volume then resyncs in full from its peer)", m.Name, ErrDamaged, p, m.Size, m.Name)
+	case err != nil:
+		return fmt.Errorf("volume %s: %w: %s: %v", m.Name, ErrDamaged, p, err)
+	case !st.Mode().IsRegular():
+		return fmt.Errorf("volume %s: %w: %s is not a regular file (%s); not serving it", m.Name, ErrDamaged, p, st.Mode().Type())
+	case st.Size() != m.Size:
+		return fmt.Errorf("volume %s: %w: %s is %d bytes but the metadata says %d, which no interrupted vmsan operation leaves; not serving it. "+
+			"Repair with one of: vmsan volume repair %s --use-file-size (the volume takes the file's size; no byte is lost), "+
+			"or vmsan volume repair %s --use-metadata-size (the file is %s to %d bytes%s)",
+			m.Name, ErrDamaged, p, st.Size(), m.Size, m.Name, m.Name,
+			map[bool]string{true: "cut", false: "extended with zeroes"}[st.Size() > m.Size], m.Size,
+			map[bool]string{true: ": destroys the data past that offset", false: ""}[st.Size() > m.Size])
 	}
 	return nil
 }
@@ -222,7 +422,12 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
-	return s.lock.Close() // closing the fd drops the flock
+	// Closing the fds drops the flocks.
+	err := s.lock.Close()
+	if cerr := s.dirLock.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Dir is the data directory.
@@ -253,7 +458,7 @@ func (s *Store) StateDir(name string) (string, error) {
 		return "", err
 	}
 	d := filepath.Join(s.vdir, name+stateExt)
-	if err := os.MkdirAll(d, 0o755); err != nil {
+	if err := os.MkdirAll(d, dirMode); err != nil {
 		return "", err
 	}
 	return d, nil
@@ -270,6 +475,17 @@ func checkSize(size int64, lbs uint32) error {
 		return fmt.Errorf("%w: %d bytes is not a multiple of the logical block size %d", ErrBadSize, size, lbs)
 	}
 	return nil
+}
+
+// sizeErr turns "the filesystem cannot hold a file this large" (EFBIG,
+// or EINVAL from ftruncate) into ErrBadSize: a size within MaxSize can
+// still be too large for the filesystem (ext4's limit is 16 TiB), and that
+// is bad input, not a server failure.
+func sizeErr(err error, size int64) error {
+	if errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("%w: the filesystem cannot hold a file of %d bytes (%s): %v", ErrBadSize, size, HumanSize(size), err)
+	}
+	return err
 }
 
 func validBlockSize(n uint32) bool { return n >= 512 && n <= 64<<10 && n&(n-1) == 0 }
@@ -324,19 +540,25 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 		return Meta{}, fmt.Errorf("%w: %s", ErrExists, o.Name)
 	}
 	// O_TRUNC: a raw file without metadata is crash debris (see package doc).
-	f, err := os.OpenFile(s.RawPath(o.Name), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	// Remove first rather than O_TRUNC: the new volume gets a new inode
+	// (a new data identity), and the debris's mode does not carry over.
+	os.Remove(s.RawPath(o.Name))
+	f, err := os.OpenFile(s.RawPath(o.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
 		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, err)
 	}
 	// Truncate (ftruncate) extends with a hole: thin provisioning for free.
 	err = f.Truncate(o.Size)
 	if err == nil {
+		err = newIdentity(f, &m) // syncs
+	}
+	if err == nil {
 		err = f.Sync()
 	}
 	f.Close()
 	if err != nil {
 		os.Remove(s.RawPath(o.Name))
-		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, err)
+		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, sizeErr(err, o.Size))
 	}
 	if err := s.writeMeta(m); err != nil {
 		os.Remove(s.RawPath(o.Name))
@@ -351,7 +573,7 @@ func (s *Store) writeMeta(m Meta) error {
 		return err
 	}
 	b = append(b, '\n')
-	if err := atomicfile.WriteFile(s.metaPath(m.Name), b, 0o644); err != nil {
+	if err := atomicfile.WriteFile(s.metaPath(m.Name), b, fileMode); err != nil {
 		return fmt.Errorf("volume %s: write metadata: %w", m.Name, err)
 	}
 	return nil
@@ -468,9 +690,15 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	if size < m.Size && !force {
 		return Meta{}, fmt.Errorf("volume %s: %w (%d -> %d bytes)", name, ErrShrink, m.Size, size)
 	}
+	// A damaged volume's file is not the size the metadata says: resizing
+	// it would cut or extend bytes nobody asked about. Repair it first.
+	if err := s.checkRaw(m); err != nil {
+		return Meta{}, err
+	}
 	old := m
-	m.Size = size
-	// Metadata first: it is the commit point; Open reconciles the file.
+	m.Size, m.ResizeFrom = size, old.Size
+	// Metadata first, with the old size: it is the commit point, and the
+	// mark lets Open tell an interrupted resize from damage.
 	if err := s.writeMeta(m); err != nil {
 		return Meta{}, err
 	}
@@ -484,14 +712,18 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	if err != nil {
 		// Put the old size back so metadata and file agree again.
 		s.writeMeta(old)
-		return Meta{}, fmt.Errorf("volume %s: resize: %w", name, err)
+		return Meta{}, fmt.Errorf("volume %s: resize: %w", name, sizeErr(err, size))
 	}
+	m.ResizeFrom = 0
+	// If clearing the mark fails, the file already has the new size and
+	// Open clears it (size == Size): the resize did happen.
+	s.writeMeta(m)
 	return m, nil
 }
 
 // Update changes mutable metadata fields (cache mode, rotational, read-only,
-// description) through fn. Name, UUID, size, block sizes and creation time
-// cannot be changed this way. Open exports keep their old settings until the
+// description) through fn. Name, UUID, size, block sizes, creation time and
+// data identity cannot be changed this way. Open exports keep their old settings until the
 // volume is reopened.
 func (s *Store) Update(name string, fn func(*Meta) error) (Meta, error) {
 	if err := ValidateName(name); err != nil {
@@ -509,6 +741,7 @@ func (s *Store) Update(name string, fn func(*Meta) error) (Meta, error) {
 	}
 	n.Name, n.UUID, n.Size, n.LogicalBlockSize, n.PhysicalBlockSize, n.Created, n.Version =
 		m.Name, m.UUID, m.Size, m.LogicalBlockSize, m.PhysicalBlockSize, m.Created, m.Version
+	n.ResizeFrom, n.DataID, n.DataFile = m.ResizeFrom, m.DataID, m.DataFile
 	if n.Cache, err = backend.ParseCacheMode(string(n.Cache)); err != nil {
 		return Meta{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -545,5 +778,19 @@ func (s *Store) Delete(name string, force bool) error {
 	}
 	os.Remove(s.RawPath(name))
 	os.RemoveAll(filepath.Join(s.vdir, name+stateExt))
+	delete(s.unverified, name)
+	delete(s.idChanged, name)
 	return nil
+}
+
+// ReadMeta reads a volume's metadata from the data directory dir without
+// opening the store or taking its lock: for tools that only need to know
+// that a volume exists (e.g. `vmsan repl configure`) while a daemon may be
+// running. Safe because metadata files are only ever replaced atomically.
+func ReadMeta(dir, name string) (Meta, error) {
+	if err := ValidateName(name); err != nil {
+		return Meta{}, err
+	}
+	s := &Store{dir: dir, vdir: filepath.Join(dir, VolumesDir)}
+	return s.get(name)
 }

@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"os/exec"
@@ -193,9 +194,10 @@ func TestStoreLock(t *testing.T) {
 }
 
 // TestCrashDebris simulates the states a crash can leave: a temp metadata
-// file from an interrupted atomic write, a raw file without metadata from an
-// interrupted create, and a raw file whose length disagrees with the
-// metadata from an interrupted resize.
+// file from an interrupted atomic write and a raw file without metadata
+// from an interrupted create; and a raw file whose length disagrees with
+// the metadata without a resize mark, which no crash leaves: it must be
+// reported, never "reconciled" by changing the file.
 func TestCrashDebris(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
@@ -206,15 +208,18 @@ func TestCrashDebris(t *testing.T) {
 	vdir := filepath.Join(dir, VolumesDir)
 	os.WriteFile(filepath.Join(vdir, atomicfile.TempPrefix+"a.json-999"), []byte(`{"name":"a","si`), 0o644)
 	os.WriteFile(filepath.Join(vdir, "orphan.raw"), []byte("junk"), 0o644)
-	os.Truncate(filepath.Join(vdir, "a.raw"), 3<<20) // interrupted grow
+	os.Truncate(filepath.Join(vdir, "a.raw"), 3<<20) // changed outside vmsan
 
 	s = openStore(t, dir)
 	list, err := s.List()
 	if err != nil || len(list) != 1 || list[0].Name != "a" || list[0].Size != 1<<20 {
 		t.Fatalf("list after debris: %+v %v", list, err)
 	}
-	if st, _ := os.Stat(filepath.Join(vdir, "a.raw")); st.Size() != 1<<20 {
-		t.Fatalf("raw not reconciled to metadata size: %d", st.Size())
+	if st, _ := os.Stat(filepath.Join(vdir, "a.raw")); st.Size() != 3<<20 {
+		t.Fatalf("raw file changed by Open: %d bytes", st.Size())
+	}
+	if err := s.CheckRaw("a"); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("CheckRaw of a raw file of the wrong size: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(vdir, atomicfile.TempPrefix+"a.json-999")); !os.IsNotExist(err) {
 		t.Fatal("temp debris not removed")
@@ -244,5 +249,175 @@ func TestCrashDebris(t *testing.T) {
 	s = openStore(t, dir)
 	if list, _ := s.List(); len(list) != 2 {
 		t.Fatalf("reopen with a corrupt entry: %+v", list)
+	}
+}
+
+func fillPattern(t *testing.T, path string, off int64, n int, b byte) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(bytes.Repeat([]byte{b}, n), off); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDamagedRawNotTouched: a raw file larger or smaller than the metadata
+// (with no resize in progress) or missing is reported with the file, the
+// sizes and the repair command, and Open neither cuts, extends nor
+// recreates it. Before the fix, Open truncated a larger file to the
+// metadata size (destroying its tail) and recreated a missing one.
+func TestDamagedRawNotTouched(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	for _, n := range []string{"big", "small", "gone"} {
+		if _, err := s.Create(CreateOptions{Name: n, Size: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big, small, gone := s.RawPath("big"), s.RawPath("small"), s.RawPath("gone")
+	s.Close()
+	fillPattern(t, big, 1<<20, 4096, 0xab) // data past the metadata size
+	os.Truncate(small, 512<<10)
+	os.Remove(gone)
+
+	s = openStore(t, dir)
+	if st, err := os.Stat(big); err != nil || st.Size() != 1<<20+4096 {
+		t.Fatalf("larger raw file changed by Open: %v %d", err, st.Size())
+	}
+	if st, err := os.Stat(small); err != nil || st.Size() != 512<<10 {
+		t.Fatalf("smaller raw file changed by Open: %v %d", err, st.Size())
+	}
+	if _, err := os.Stat(gone); !os.IsNotExist(err) {
+		t.Fatalf("missing raw file recreated by Open: %v", err)
+	}
+	for name, want := range map[string][]string{
+		"big":   {big, "1052672 bytes", "says 1048576", "vmsan volume repair big --use-file-size", "--use-metadata-size", "destroys"},
+		"small": {small, "524288 bytes", "says 1048576", "vmsan volume repair small --use-file-size", "extended with zeroes"},
+		"gone":  {gone, "missing", "1048576 bytes", "vmsan volume repair gone --recreate"},
+	} {
+		err := s.CheckRaw(name)
+		if !errors.Is(err, ErrDamaged) {
+			t.Fatalf("%s: CheckRaw = %v, want ErrDamaged", name, err)
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not mention %q", name, err, w)
+			}
+		}
+	}
+
+	// Resizing a damaged volume would cut or extend the file: refused.
+	if _, err := s.Resize("big", 3<<19, false); !errors.Is(err, ErrDamaged) {
+		t.Fatalf("resize of a damaged volume: %v", err)
+	}
+	if st, _ := os.Stat(big); st.Size() != 1<<20+4096 {
+		t.Fatalf("resize changed a damaged file to %d bytes", st.Size())
+	}
+	// Repairs: each fits its damage, and each changes the data identity.
+	ids := map[string]string{}
+	for _, n := range []string{"big", "small", "gone"} {
+		m, _ := s.Get(n)
+		ids[n] = m.DataID
+	}
+	if _, err := s.Repair("gone", RepairUseFileSize); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("use-file-size on a missing file: %v", err)
+	}
+	if _, err := s.Repair("big", RepairRecreate); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("recreate over an existing file: %v", err)
+	}
+	m, err := s.Repair("big", RepairUseFileSize)
+	if err != nil || m.Size != 1<<20+4096 {
+		t.Fatalf("repair big: %+v %v", m, err)
+	}
+	b := make([]byte, 4096)
+	f, _ := os.Open(big)
+	f.ReadAt(b, 1<<20)
+	f.Close()
+	if !bytes.Equal(b, bytes.Repeat([]byte{0xab}, 4096)) {
+		t.Fatal("use-file-size lost the data past the old size")
+	}
+	if m, err = s.Repair("small", RepairUseMetadataSize); err != nil || m.Size != 1<<20 {
+		t.Fatalf("repair small: %+v %v", m, err)
+	}
+	if st, _ := os.Stat(small); st.Size() != 1<<20 {
+		t.Fatalf("small not extended: %d", st.Size())
+	}
+	if m, err = s.Repair("gone", RepairRecreate); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(gone); err != nil || st.Size() != 1<<20 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("recreated file: %v %v", err, st)
+	}
+	for _, n := range []string{"big", "small", "gone"} {
+		if err := s.CheckRaw(n); err != nil {
+			t.Fatalf("%s after repair: %v", n, err)
+		}
+		m, _ := s.Get(n)
+		if m.DataID == "" || m.DataID == ids[n] || !s.IdentityChanged(n) {
+			t.Fatalf("%s: repair kept data identity %q (was %q)", n, m.DataID, ids[n])
+		}
+	}
+	// ...and the repairs hold across a reopen (no spurious identity change).
+	s.Close()
+	s = openStore(t, dir)
+	for _, n := range []string{"big", "small", "gone"} {
+		if err := s.CheckRaw(n); err != nil || s.IdentityChanged(n) {
+			t.Fatalf("%s after reopen: %v changed=%v", n, err, s.IdentityChanged(n))
+		}
+	}
+}
+
+// TestInterruptedResizeConverges: the states a crash mid-resize leaves
+// (metadata with the resize mark, file still at the old size) converge
+// without losing data: a grow is completed, a shrink rolled back.
+func TestInterruptedResizeConverges(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	for _, n := range []string{"grow", "shrink", "done"} {
+		if _, err := s.Create(CreateOptions{Name: n, Size: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fillPattern(t, s.RawPath("shrink"), 1<<20-4096, 4096, 0xcd)
+	// What Resize writes before it touches the file.
+	for n, size := range map[string]int64{"grow": 2 << 20, "shrink": 512 << 10, "done": 2 << 20} {
+		m, _ := s.Get(n)
+		m.Size, m.ResizeFrom = size, m.Size
+		if err := s.writeMeta(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Truncate(s.RawPath("done"), 2<<20) // crashed after the file, before clearing the mark
+	s.Close()
+	s = openStore(t, dir)
+	want := map[string]int64{"grow": 2 << 20, "shrink": 1 << 20, "done": 2 << 20}
+	for n, size := range want {
+		m, err := s.Get(n)
+		if err != nil || m.Size != size || m.ResizeFrom != 0 {
+			t.Fatalf("%s: %+v %v", n, m, err)
+		}
+		if err := s.CheckRaw(n); err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		if s.IdentityChanged(n) {
+			t.Fatalf("%s: a converged resize changed the data identity", n)
+		}
+	}
+	b := make([]byte, 4096)
+	f, _ := os.Open(s.RawPath("shrink"))
+	f.ReadAt(b, 1<<20-4096)
+	f.Close()
+	if b[0] != 0xcd {
+		t.Fatal("interrupted shrink lost data")
+	}
+	// A completed Resize leaves no mark.
+	if m, err := s.Resize("grow", 4<<20, false); err != nil || m.ResizeFrom != 0 {
+		t.Fatalf("resize: %+v %v", m, err)
+	}
+	if m, _ := s.Get("grow"); m.ResizeFrom != 0 {
+		t.Fatalf("mark left on disk: %+v", m)
 	}
 }

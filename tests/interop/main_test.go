@@ -147,12 +147,17 @@ type target struct {
 	size     int64
 	readOnly bool
 	extra    []string // extra server arguments
+	tlsDir   string   // servers.Options.TLSDir
 	srv      *servers.Server
 }
 
 type targetOpt func(*target)
 
 func readOnly() targetOpt { return func(tg *target) { tg.readOnly = true } }
+
+// withTLS makes the server require TLS with the certificates in dir (see
+// servers.Options.TLSDir).
+func withTLS(dir string) targetOpt { return func(tg *target) { tg.tlsDir = dir } }
 
 // serverArgs appends arguments to the server's command line.
 func serverArgs(args ...string) targetOpt {
@@ -208,7 +213,7 @@ func (tg *target) start() {
 	defer cancel()
 	s, err := servers.Start(ctx, serverKind, servers.Options{
 		File: tg.file, Export: tg.name, ReadOnly: tg.readOnly,
-		Binary: vmsanBin, DataDir: tg.dir, LogDir: tg.t.TempDir(), ExtraArgs: tg.extra,
+		Binary: vmsanBin, DataDir: tg.dir, LogDir: tg.t.TempDir(), ExtraArgs: tg.extra, TLSDir: tg.tlsDir,
 	})
 	if err != nil {
 		tg.t.Fatal(err)

@@ -364,7 +364,12 @@ func (c *conn) dispatch(t *txState, o *op) {
 	// Idle: no further request is buffered, so the client is likely
 	// waiting for this one (queue depth 1) and blocking the reader for a
 	// slower call loses no pipelining.
-	r.Idle = r.Inline && t.br.Buffered() < proto.RequestSize
+	// More: another request is already buffered, so the engine's write
+	// gathering knows this connection's stream continues at once (it
+	// then holds a sequential run past its timed backstop; see
+	// ioengine.Request.More).
+	r.More = t.br.Buffered() >= proto.RequestSize
+	r.Idle = r.Inline && !r.More
 	o.state.Store(stSubmitting)
 	c.dev.Submit(r)
 	if !o.state.CompareAndSwap(stSubmitting, stAsync) {

@@ -16,6 +16,7 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -26,9 +27,12 @@ import (
 // Control endpoints (on the daemon's control socket):
 //
 //	POST /v1/repl/{volume}/{op}   op: promote, promote-force, demote,
-//	                              verify, connect, disconnect
+//	                              demote-force, verify, connect, disconnect
 //
-// and `vmsan status` gains a "replication" section.
+//	GET  /v1/repl                 every replica's Status (JSON list)
+//
+// `vmsan status` gains a "replication" section, and /metrics the
+// vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
 	dataDir string
 	log     *slog.Logger
@@ -68,8 +72,16 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		if err != nil {
 			return fmt.Errorf("replication of %s: %w", name, err)
 		}
+		vm, verr := d.Store().Get(name)
 		dev, err := open(name)
 		if errors.Is(err, export.ErrNotFound) {
+			if verr == nil {
+				// The volume exists but is not served (a damaged raw file,
+				// reported with its repair command when the daemon opened
+				// its volumes): its replication state must stay as it is.
+				p.log.Error("replicated volume is not served; replication not started until it is repaired (see the volume's error above)", "volume", name)
+				continue
+			}
 			// State left from a volume deleted before deletes removed it:
 			// not a reason to refuse to serve the other volumes.
 			p.log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", dir)
@@ -78,7 +90,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		if err != nil {
 			return fmt.Errorf("replication of %s: volume: %w", name, err)
 		}
-		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log})
+		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID})
 		if err != nil {
 			dev.Release()
 			return err
@@ -90,6 +102,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
 	}
 	d.AddStatus("replication", func() any { return p.Statuses() })
+	d.SetReplicaMetrics(p.Metrics)
 	d.Handle("POST /v1/repl/{volume}/{op}", http.HandlerFunc(p.handle))
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, p.Statuses())
@@ -104,6 +117,22 @@ func (p *Plugin) Statuses() []Status {
 	out := make([]Status, 0, len(p.replicas))
 	for _, r := range p.replicas {
 		out = append(out, r.Status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
+	return out
+}
+
+// Metrics returns every replica's metrics snapshot (for /metrics).
+func (p *Plugin) Metrics() []metrics.Replica {
+	p.mu.Lock()
+	rs := make([]*Replica, 0, len(p.replicas))
+	for _, r := range p.replicas {
+		rs = append(rs, r)
+	}
+	p.mu.Unlock()
+	out := make([]metrics.Replica, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.Metrics())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
 	return out
@@ -128,7 +157,9 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	case "promote-force":
 		err = r.Promote(true)
 	case "demote":
-		err = r.Demote()
+		err = r.Demote(false)
+	case "demote-force":
+		err = r.Demote(true)
 	case "verify":
 		err = r.Verify()
 	case "connect":
@@ -136,7 +167,9 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	case "disconnect":
 		err = r.Disconnect()
 	default:
-		err = errors.New("unknown operation")
+		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found",
+			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, verify, connect or disconnect)", req.PathValue("op"))})
+		return
 	}
 	if err != nil {
 		writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict", Message: err.Error()})
@@ -180,9 +213,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // Configure writes a volume's replication settings (a new NodeID when the
 // volume had none). It works without a running daemon; the daemon reads
-// the settings at start.
-func Configure(dataDir, volume string, s Settings) (Settings, error) {
-	dir := Dir(dataDir, volume)
+// the settings at start. The volume must exist (its name is validated like
+// every volume name, so the settings can never land outside the data
+// directory).
+func Configure(dataDir, name string, s Settings) (Settings, error) {
+	if _, err := volume.ReadMeta(dataDir, name); err != nil {
+		if errors.Is(err, volume.ErrNotFound) {
+			return s, fmt.Errorf("replication of %s: %w in %s (create it first: vmsan volume create %s --size SIZE)", name, err, dataDir, name)
+		}
+		return s, fmt.Errorf("replication of %s: %w", name, err)
+	}
+	dir := Dir(dataDir, name)
 	if old, err := LoadSettings(dir); err == nil && s.NodeID == 0 {
 		s.NodeID = old.NodeID
 	} else if err != nil && !errors.Is(err, os.ErrNotExist) && s.NodeID == 0 {
@@ -235,6 +276,22 @@ func (p *Plugin) VolumeDeleted(name string) {
 		dev.Release()
 	}
 	p.log.Info("replication stopped: volume deleted", "volume", name)
+}
+
+// ResizeCheck refuses to resize a replicated volume (register with
+// daemon.RegisterResizeCheck). Both copies must have the same size: the
+// handshake refuses to connect a pair whose sizes differ, and a primary
+// grown alone would send writes past the secondary's end. Resizing both
+// sides in step is not implemented; docs/replication.md ("Resizing a
+// replicated volume") gives the procedure.
+func ResizeCheck(dataDir, name string, size int64) error {
+	s, err := LoadSettings(Dir(dataDir, name))
+	if err != nil {
+		return nil // not replicated (or no readable settings: nothing to keep in step)
+	}
+	return fmt.Errorf("volume %s is replicated (peer %s): resizing one copy would leave the pair unable to reconnect (sizes must match). "+
+		"To resize, take replication down on both nodes, resize, and resync the secondary in full: see \"Resizing a replicated volume\" in docs/replication.md (%w)",
+		name, s.Peer, daemon.ErrReplicated)
 }
 
 // DeleteHooks keep replication state in step with volume deletion

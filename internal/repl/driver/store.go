@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,11 +103,44 @@ func SaveSettings(dir string, s Settings) error {
 	if err := s.Validate(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, dirMode); err != nil {
 		return err
 	}
 	b, _ := json.MarshalIndent(s, "", "  ")
-	return atomicfile.WriteFile(filepath.Join(dir, "config.json"), append(b, '\n'), 0o644)
+	return atomicfile.WriteFile(filepath.Join(dir, "config.json"), append(b, '\n'), fileMode)
+}
+
+// Replication state is as private as the volume it describes (the volume
+// store's modes; volume.Open tightens older files).
+const (
+	dirMode  = 0o700
+	fileMode = 0o600
+)
+
+// checkDataID compares the data identity the persisted state was written
+// for with the volume's current one (volume.Meta.DataID). If they differ,
+// the raw file was replaced (deleted and recreated, swapped, repaired)
+// while replication was not running: generations, bitmap and activity log
+// describe data that is gone. The node then starts as a never-synced
+// secondary (generation 0, Inconsistent), so the handshake makes it a full
+// sync target of its peer (rule 20) instead of "UpToDate, 0 B out of sync".
+// An empty recorded identity (state from before identities, or a first
+// start) is adopted as is. The new identity is persisted with the reset
+// state by the node's first metadata write; a crash before that repeats
+// the reset, never skips it.
+func checkDataID(m repl.Meta, words []uint64, al []int64, found bool, id string, log *slog.Logger) (repl.Meta, []uint64, []int64) {
+	if id == "" {
+		return m, words, al
+	}
+	if found && m.DataID != "" && m.DataID != id {
+		log.Warn("the volume's data file was replaced since replication last ran: local data is Inconsistent and will be fully resynced from the peer",
+			"data_id", id, "recorded_data_id", m.DataID, "gens_were", m.Gens.String(), "disk_was", m.Disk.String(), "role_was", m.Role.String())
+		// Clean=false: the node rewrites bitmap and AL (now empty) at once.
+		m = repl.Meta{NodeID: m.NodeID, Disk: repl.Inconsistent, Role: repl.Secondary}
+		words, al = nil, nil
+	}
+	m.DataID = id
+	return m, words, al
 }
 
 // state is the persisted replication state: meta.json and bitmap.bin,
@@ -157,7 +191,7 @@ func (s *state) persist(p repl.Persist) error {
 		for i, w := range p.Bitmap {
 			binary.LittleEndian.PutUint64(b[i*8:], w)
 		}
-		if err := atomicfile.WriteFile(filepath.Join(s.dir, "bitmap.bin"), b, 0o644); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(s.dir, "bitmap.bin"), b, fileMode); err != nil {
 			return err
 		}
 		s.lastBM = p.Bitmap
@@ -169,7 +203,7 @@ func (s *state) persist(p repl.Persist) error {
 	}
 	if p.Meta != nil {
 		b, _ := json.MarshalIndent(p.Meta, "", "  ")
-		if err := atomicfile.WriteFile(filepath.Join(s.dir, "meta.json"), b, 0o644); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(s.dir, "meta.json"), b, fileMode); err != nil {
 			return err
 		}
 	}
@@ -201,7 +235,7 @@ const (
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 func openALFile(dir string) (*alFile, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "al.bin"), os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(filepath.Join(dir, "al.bin"), os.O_RDWR|os.O_CREATE, fileMode)
 	if err != nil {
 		return nil, err
 	}

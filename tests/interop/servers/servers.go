@@ -88,6 +88,11 @@ type Options struct {
 	DataDir string
 	// ExtraArgs are appended to the server's command line.
 	ExtraArgs []string
+	// TLSDir, when set, makes the server require TLS with the certificates
+	// in DIR (testutil.WriteTLSCerts layout: ca-cert.pem, server-cert.pem,
+	// server-key.pem) and verify client certificates against ca-cert.pem.
+	// Supported by vmsan, nbdkit and qemu-nbd.
+	TLSDir string
 	// ReadyTimeout bounds how long Start waits for the port to accept
 	// connections; 0 means 15 s.
 	ReadyTimeout time.Duration
@@ -325,6 +330,11 @@ func commandLine(kind Kind, o Options, port int, tmp string) ([]string, error) {
 			return nil, errors.New("vmsan needs Options.Binary and Options.DataDir")
 		}
 		args = []string{o.Binary, "serve", "--data-dir", o.DataDir, "--listen", "127.0.0.1:" + p}
+		if o.TLSDir != "" {
+			args = append(args, "--tls", "required",
+				"--tls-cert", filepath.Join(o.TLSDir, "server-cert.pem"), "--tls-key", filepath.Join(o.TLSDir, "server-key.pem"),
+				"--tls-ca", filepath.Join(o.TLSDir, "ca-cert.pem"))
+		}
 	case NBDKit:
 		if o.File == "" {
 			return nil, errors.New("nbdkit needs Options.File")
@@ -335,6 +345,9 @@ func commandLine(kind Kind, o Options, port int, tmp string) ([]string, error) {
 		args = []string{"nbdkit", "-f", "-i", "127.0.0.1", "-p", p, "-e", o.Export}
 		if o.ReadOnly {
 			args = append(args, "-r")
+		}
+		if o.TLSDir != "" {
+			args = append(args, "--tls=require", "--tls-certificates="+o.TLSDir, "--tls-verify-peer")
 		}
 		args = append(args, "file", "file="+o.File)
 	case QEMUNBD:
@@ -351,10 +364,16 @@ func commandLine(kind Kind, o Options, port int, tmp string) ([]string, error) {
 		if o.ReadOnly {
 			args = append(args, "-r")
 		}
+		if o.TLSDir != "" {
+			args = append(args, "--object", "tls-creds-x509,id=tls0,dir="+o.TLSDir+",endpoint=server,verify-peer=on", "--tls-creds", "tls0")
+		}
 		args = append(args, o.File)
 	case NBDServer:
 		if o.File == "" {
 			return nil, errors.New("nbd-server needs Options.File")
+		}
+		if o.TLSDir != "" {
+			return nil, errors.New("servers: TLSDir is not supported for nbd-server")
 		}
 		cfg := filepath.Join(tmp, "nbd-server.conf")
 		var b bytes.Buffer

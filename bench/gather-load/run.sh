@@ -1,0 +1,51 @@
+#!/bin/bash
+# Write gathering under load (docs/benchmarks.md): sequential 4 KiB writes
+# at QD32 with fio's nbd engine against `vmsan serve`, optionally with busy
+# loops competing for the CPUs and optionally replicated (protocol C) to a
+# second `vmsan serve`; prints the load average and the engine counters of
+# the primary (and secondary): [mean backend write KiB, backend ops,
+# GatherTimeouts, Held].
+#
+#   go build -o /tmp/vmsan ./cmd/vmsan
+#   bench/gather-load/run.sh /tmp/vmsan BUSY(0|2) REPL(0|1) [SIZE] [LABEL]
+#
+# Needs fio (with the nbd engine), nbdinfo, jq and python3 (to pick free
+# ports in 25000-25999). Stops every process it started.
+BIN=$1; BUSY=$2; REPL=$3; SIZE=${4:-256M}; LABEL=$5
+T=$(mktemp -d)
+PA=; PB=; BPIDS=
+trap 'kill $PA $PB $BPIDS 2>/dev/null; rm -rf "$T"' EXIT
+port() { python3 -c 'import socket,random
+for _ in range(200):
+  p=random.randint(25000,25999); s=socket.socket()
+  try: s.bind(("127.0.0.1",p)); s.close(); print(p); break
+  except OSError: pass'; }
+A=$T/a; B=$T/b; CFGA=; CFGB=; if [ -n "$GD" ]; then printf "engine:\n  gather_delay: $GD\n" > $T/cfg.yaml; CFGA="--config $T/cfg.yaml"; CFGB="--config $T/cfg.yaml"; fi; NA=$(port); NB=$(port)
+$BIN volume create vol --size $SIZE --data-dir $A >/dev/null
+if [ $REPL = 1 ]; then
+  RA=$(port); RB=$(port)
+  $BIN volume create vol --size $SIZE --data-dir $B >/dev/null
+  $BIN repl configure vol --data-dir $A --listen 127.0.0.1:$RA --peer 127.0.0.1:$RB --dial yes --role primary --protocol C >/dev/null
+  $BIN repl configure vol --data-dir $B --listen 127.0.0.1:$RB --peer 127.0.0.1:$RA --dial no --role secondary --protocol C >/dev/null
+fi
+$BIN serve $CFGA --data-dir $A --listen 127.0.0.1:$NA --log-level error >/dev/null & PA=$!
+PB=
+if [ $REPL = 1 ]; then
+  $BIN serve $CFGB --data-dir $B --listen 127.0.0.1:$NB --log-level error >/dev/null & PB=$!
+  for i in $(seq 600); do o=$($BIN repl status --data-dir $A 2>&1); if echo "$o" | grep -q Connected && ! echo "$o" | grep -q Sync; then break; fi; sleep 0.1; done
+else
+  for i in $(seq 100); do nbdinfo nbd://127.0.0.1:$NA/vol >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+for i in $(seq $BUSY); do sh -c 'while :; do :; done' & BPIDS="$BPIDS $!"; done
+sleep 0.5
+L=$(cut -d' ' -f1 /proc/loadavg)
+fio --name=seq4k --ioengine=nbd --uri=nbd://127.0.0.1:$NA/vol --rw=write --bs=4k --iodepth=32 --size=$SIZE --output-format=json > $T/fio.json 2>$T/fio.err
+L2=$(cut -d' ' -f1 /proc/loadavg)
+for p in $BPIDS; do kill $p; done
+IOPS=$(sed -n '/^{/,$p' $T/fio.json | jq '.jobs[0].write.iops|floor')
+MA=$($BIN status --json --data-dir $A | jq -c '[.volumes[]|select(.name=="vol")|.engine|[(.mean_write_bytes/1024|floor), .backend_ops, .raw.GatherTimeouts, .raw.Held]][0]')
+MB=-
+if [ $REPL = 1 ]; then MB=$($BIN status --json --data-dir $B | jq -c '[.volumes[]|select(.name=="vol")|.engine|[(.mean_write_bytes/1024|floor), .backend_ops, .raw.GatherTimeouts, .raw.Held]][0]'); fi
+echo "$LABEL busy=$BUSY repl=$REPL size=$SIZE load=$L..$L2 iops=$IOPS primary_mean_KiB=$MA secondary_mean_KiB=$MB"
+kill $PA $PB 2>/dev/null; wait $PA $PB 2>/dev/null
+rm -rf $T

@@ -1,0 +1,233 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+
+	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/volume"
+)
+
+// HandleReloads reloads the configuration each time sig delivers (vmsan
+// serve passes SIGHUP), until ctx is done. load re-reads the configuration
+// the way start-up read it (config file, then command-line flags over it).
+// A configuration that fails to load or to apply is logged and the running
+// one kept: a reload never stops the daemon.
+func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load func() (config.Config, error)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case s := <-sig:
+			d.log.Info("reloading configuration", "signal", fmt.Sprint(s))
+			cfg, err := load()
+			if err == nil {
+				err = d.Reload(cfg)
+			}
+			if err != nil {
+				d.log.Error("reload rejected; keeping the running configuration", "err", err)
+			}
+		}
+	}
+}
+
+// Reload applies next to the running daemon without dropping a client:
+//
+//   - TLS certificate, key and CA files are re-read; handshakes from now on
+//     use them, established connections keep theirs (see serverTLS);
+//   - the log level changes (when the daemon made its own logger);
+//   - configured volumes that do not exist are created and exported;
+//     existing ones grow to a larger configured size, and their cache,
+//     rotational, read-only and description settings are applied when no
+//     client holds them (otherwise at the next restart);
+//   - everything else that differs (listeners, data_dir, metrics_listen,
+//     pprof, max_payload, TLS mode, engine tuning of open volumes,
+//     replication settings) is named in a log line as needing a restart.
+//
+// Validation and TLS loading happen before anything changes: an error
+// there returns it and leaves the daemon exactly as it was. Errors on
+// individual volumes after that are logged per volume and returned
+// together; the volumes that worked stay applied.
+//
+// Reloads are serialised with each other; control operations may run
+// concurrently (volume changes take d.mu through the same methods the
+// control API uses).
+func (d *Daemon) Reload(next config.Config) error {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	if d.closed.Load() {
+		return errors.New("daemon is shutting down")
+	}
+	if err := next.Validate(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	cur := d.cfg
+	d.mu.Unlock()
+
+	// Load TLS first: bad certificate files reject the whole reload.
+	reloadTLS := d.tls != nil && next.TLS.Mode == cur.TLS.Mode
+	if reloadTLS {
+		if err := d.tls.reload(next.TLS); err != nil {
+			return err
+		}
+		d.log.Info("TLS certificates reloaded; new connections use them", "cert", next.TLS.Cert, "ca", next.TLS.CA)
+		switch {
+		case cur.TLS.CA != "" && next.TLS.CA == "":
+			d.log.Warn("tls.ca removed: new connections no longer need a client certificate")
+		case cur.TLS.CA == "" && next.TLS.CA != "":
+			d.log.Warn("tls.ca set: new connections need a client certificate; connected clients stay")
+		}
+	}
+
+	restart := func(setting string, args ...any) {
+		d.log.Warn(setting+" changed; restart to apply", args...)
+	}
+	if next.DataDir != cur.DataDir {
+		restart("data_dir", "running", cur.DataDir, "configured", next.DataDir)
+	}
+	if !slices.Equal(next.Listeners(), cur.Listeners()) {
+		restart("listen", "running", cur.Listeners(), "configured", next.Listeners())
+	}
+	if next.MetricsListen != cur.MetricsListen {
+		restart("metrics_listen", "running", cur.MetricsListen, "configured", next.MetricsListen)
+	}
+	if next.Pprof != cur.Pprof {
+		restart("pprof")
+	}
+	if next.MaxPayload != cur.MaxPayload {
+		restart("max_payload", "running", int64(cur.MaxPayload), "configured", int64(next.MaxPayload))
+	}
+	if next.TLS.Mode != cur.TLS.Mode {
+		restart("tls.mode", "running", cur.TLS.Mode, "configured", next.TLS.Mode)
+	}
+	if next.Engine != cur.Engine {
+		restart("engine")
+	}
+	if next.LogLevel != cur.LogLevel {
+		if d.level != nil {
+			d.level.Set(logLevel(next.LogLevel))
+			d.log.Info("log level changed", "level", next.LogLevel)
+		} else {
+			d.log.Warn("log_level changed but this daemon's logger was supplied by its embedder; not applied")
+		}
+	}
+
+	// What the daemon now runs with. Restart-only fields keep their running
+	// values, so the next reload compares against what is really in force.
+	// Volumes go first: volumes opened below take their engine settings
+	// from it (engineFor).
+	d.mu.Lock()
+	d.cfg.LogLevel = next.LogLevel
+	d.cfg.Volumes = next.Volumes
+	if reloadTLS {
+		d.cfg.TLS.Cert, d.cfg.TLS.Key, d.cfg.TLS.CA = next.TLS.Cert, next.TLS.Key, next.TLS.CA
+	}
+	d.mu.Unlock()
+
+	var errs []error
+	for _, cv := range next.Volumes {
+		old, had := findVolume(cur.Volumes, cv.Name)
+		if err := d.reloadVolume(cv, old, had); err != nil {
+			d.log.Error("reload: volume not applied", "volume", cv.Name, "err", err)
+			errs = append(errs, fmt.Errorf("volume %s: %w", cv.Name, err))
+		}
+	}
+	for _, ov := range cur.Volumes {
+		if _, ok := findVolume(next.Volumes, ov.Name); !ok {
+			d.log.Info("volume is no longer in the configuration; it stays (vmsan volume delete removes it)", "volume", ov.Name)
+		}
+	}
+
+	d.log.Info("configuration reloaded", "volumes", len(next.Volumes))
+	return errors.Join(errs...)
+}
+
+func findVolume(vs []config.Volume, name string) (config.Volume, bool) {
+	for _, v := range vs {
+		if v.Name == name {
+			return v, true
+		}
+	}
+	return config.Volume{}, false
+}
+
+// reloadVolume brings one configured volume in line with its entry cv;
+// old is its previous entry (had: there was one).
+func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) error {
+	if had && !reflect.DeepEqual(cv.Replication, old.Replication) {
+		// The replication plugin reads its settings at start; changing them
+		// under a live connection (role, peer, protocol) is not safe to do
+		// piecemeal.
+		d.log.Warn("replication settings changed; restart to apply", "volume", cv.Name)
+	}
+	m, err := d.store.Get(cv.Name)
+	switch {
+	case errors.Is(err, volume.ErrNotFound):
+		if cv.Replication != nil {
+			// Created and exported without its replication plugin, a
+			// would-be secondary would take writes of its own.
+			d.log.Warn("new volume has replication settings; restart to create and replicate it", "volume", cv.Name)
+			return nil
+		}
+		_, err := d.CreateVolume(volume.CreateOptions{
+			Name: cv.Name, Size: int64(cv.Size), Cache: backendMode(cv.Cache), Rotational: cv.Rotational,
+			ReadOnly: cv.ReadOnly, Description: cv.Description, LogicalBlockSize: cv.BlockSize,
+		})
+		if err != nil {
+			return err
+		}
+		d.log.Info("created volume from config", "volume", cv.Name, "size", int64(cv.Size))
+		return nil
+	case err != nil:
+		return err
+	}
+	if !had && cv.Replication != nil {
+		d.log.Warn("replication settings added for an existing volume; restart to apply", "volume", cv.Name)
+	}
+	if had && cv.Engine != old.Engine {
+		d.log.Warn("engine settings changed; restart to apply", "volume", cv.Name)
+	}
+	switch {
+	case int64(cv.Size) > m.Size:
+		if _, err := d.ResizeVolume(cv.Name, int64(cv.Size), false); err != nil {
+			return err
+		}
+	case int64(cv.Size) < m.Size:
+		d.log.Warn("volume is larger than configured; not shrinking (use vmsan volume resize --force)", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size))
+	}
+
+	// The settings the config file declares (see applyConfigSettings).
+	var s Settings
+	if cv.Cache != "" && backendMode(cv.Cache) != m.Cache {
+		c := cv.Cache
+		s.Cache = &c
+	}
+	if cv.Description != "" && cv.Description != m.Description {
+		s.Description = &cv.Description
+	}
+	if cv.Rotational != m.Rotational {
+		s.Rotational = &cv.Rotational
+	}
+	if cv.ReadOnly != m.ReadOnly {
+		s.ReadOnly = &cv.ReadOnly
+	}
+	open := (*d.vols.Load())[cv.Name] != nil
+	if s == (Settings{}) && open {
+		return nil
+	}
+	// UpdateVolume reopens the volume with the new settings when it is
+	// idle, and opens and exports one that is not open.
+	if _, err := d.UpdateVolume(cv.Name, s); err != nil {
+		if errors.Is(err, volume.ErrInUse) {
+			d.log.Warn("volume settings changed but clients hold the volume; they apply once it is idle and the daemon is reloaded, or at restart", "volume", cv.Name)
+			return nil
+		}
+		return err
+	}
+	return nil
+}

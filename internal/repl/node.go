@@ -18,6 +18,8 @@ type Config struct {
 	PingTimeout  int // ticks without hearing from the peer before disconnecting (default 60)
 	// KoTicks: a peer that answers pings but leaves a replicated write
 	// unacknowledged this long is disconnected (DRBD's ko-count). 0: 100.
+	// max(PingTimeout, KoTicks) is also how long a handshake may go
+	// without progress while the peer answers pings (handshakeStalled).
 	KoTicks int
 
 	// ALExtents is the activity log size in 4 MiB extents (default 1024,

@@ -14,9 +14,6 @@ import (
 )
 
 func init() {
-	daemon.RegisterPlugin(driver.NewPlugin)
-	daemon.RegisterDeleteHooks(driver.DeleteHooks)
-
 	var dataDir string
 	rc := &cobra.Command{
 		Use:   "repl",

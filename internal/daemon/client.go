@@ -169,7 +169,7 @@ type VolumeOps interface {
 // when its control socket answers (so resize/delete respect live exports),
 // otherwise directly on the directory (taking its lock, so a daemon cannot
 // start meanwhile). viaDaemon says which.
-func OpenVolumeOps(dataDir string) (ops VolumeOps, viaDaemon bool, err error) {
+func OpenVolumeOps(dataDir string, hooks ...DeleteHooks) (ops VolumeOps, viaDaemon bool, err error) {
 	if c, err := Dial(dataDir); err == nil {
 		return c, true, nil
 	}
@@ -180,12 +180,15 @@ func OpenVolumeOps(dataDir string) (ops VolumeOps, viaDaemon bool, err error) {
 		}
 		return nil, false, err
 	}
-	return directOps{s}, false, nil
+	return directOps{s, hooks}, false, nil
 }
 
 // directOps works on the store with no daemon. Nothing is exported then, so
 // in-use checks are vacuous.
-type directOps struct{ s *volume.Store }
+type directOps struct {
+	s     *volume.Store
+	hooks []DeleteHooks
+}
 
 func (o directOps) vi(m volume.Meta) VolumeInfo {
 	vi := VolumeInfo{Meta: m, Path: o.s.RawPath(m.Name), Allocated: allocatedBytes(o.s.RawPath(m.Name))}
@@ -230,13 +233,13 @@ func (o directOps) Delete(name string, force bool) error {
 	if _, err := o.s.Get(name); err != nil {
 		return err
 	}
-	if err := checkDeleteHooks(o.s.Dir(), name, force); err != nil {
+	if err := checkDeleteHooks(o.hooks, o.s.Dir(), name, force); err != nil {
 		return err
 	}
 	if err := o.s.Delete(name, force); err != nil {
 		return err
 	}
-	runDeletedHooks(o.s.Dir(), name)
+	runDeletedHooks(o.hooks, o.s.Dir(), name)
 	return nil
 }
 

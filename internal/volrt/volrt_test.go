@@ -189,3 +189,20 @@ func TestVolumeAcquireDeleteHandshake(t *testing.T) {
 		t.Fatalf("refs %d", v.Refs())
 	}
 }
+
+func TestSessions(t *testing.T) {
+	var nilS *Sessions
+	nilS.Remove(nilS.Add("v", "a")) // nil-safe
+	s := NewSessions("nbd")
+	a := s.Add("vb", "10.0.0.2:1")
+	s.Add("va", "10.0.0.1:1")
+	s.Add("vb", "10.0.0.3:1")
+	l := s.List()
+	if len(l) != 3 || l[0].Volume != "va" || l[1].Remote != "10.0.0.2:1" || l[0].FrontEnd != "nbd" || l[0].Since.IsZero() {
+		t.Fatalf("List %+v", l)
+	}
+	s.Remove(a)
+	if pv := s.PerVolume(); pv["vb"] != 1 || pv["va"] != 1 {
+		t.Fatalf("PerVolume %v", pv)
+	}
+}

@@ -21,7 +21,7 @@ import (
 
 // Plugin runs replication inside a vmsan daemon: one Replica per volume
 // that has <data_dir>/repl/<volume>/config.json. Register it with
-// daemon.RegisterPlugin(driver.NewPlugin) (cmd/vmsan/repl.go does).
+// passing driver.NewPlugin in daemon.Options.Plugins (cmd/vmsan/plugins.go).
 //
 // Control endpoints (on the daemon's control socket):
 //
@@ -256,7 +256,7 @@ func (p *Plugin) VolumeDeleted(name string) {
 }
 
 // DeleteHooks keep replication state in step with volume deletion
-// (register with daemon.RegisterDeleteHooks). A replicated volume is only
+// (pass in daemon.Options.DeleteHooks). A replicated volume is only
 // deleted with force: its replication state (generations, bitmap) goes
 // with it, and the peer keeps its copy and its own configuration.
 var DeleteHooks = daemon.DeleteHooks{

@@ -12,8 +12,10 @@ var plugins = []daemon.PluginFactory{
 	driver.NewPlugin,
 }
 
-// deleteHooks keep plugins' per-volume state in step with volume deletion,
-// in the daemon and in `vmsan volume delete` without one.
-var deleteHooks = []daemon.DeleteHooks{
-	driver.DeleteHooks,
+// volumeHooks keep plugins' per-volume state in step with volume deletion
+// and refuse resizes replication cannot follow, in the daemon and in
+// `vmsan volume` commands run without one.
+var volumeHooks = daemon.VolumeHooks{
+	Delete: []daemon.DeleteHooks{driver.DeleteHooks},
+	Resize: []daemon.ResizeCheck{driver.ResizeCheck},
 }

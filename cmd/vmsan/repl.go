@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -82,8 +81,8 @@ See docs/replication.md for protocols, states and split brain.`,
 		return &cobra.Command{
 			Use: use + " VOLUME", Short: short, Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
-				if path == "promote" && force {
-					return replOp(dataDir, args[0], "promote-force")
+				if (path == "promote" || path == "demote") && force {
+					return replOp(dataDir, args[0], path+"-force")
 				}
 				return replOp(dataDir, args[0], path)
 			},
@@ -91,24 +90,10 @@ See docs/replication.md for protocols, states and split brain.`,
 	}
 	promote := op("promote", "Make this node primary for the volume (refused while the peer is primary and connected)", "promote")
 	promote.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
-	status := &cobra.Command{
-		Use: "status", Short: "Roles, states, resync progress/ETA and out-of-sync bytes", Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := daemon.Dial(dataDir)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var st []driver.Status
-			if err := c.Do("GET", "/v1/repl", nil, &st); err != nil {
-				return err
-			}
-			printRepl(st)
-			return nil
-		},
-	}
-	rc.AddCommand(configure, promote,
-		op("demote", "Make this node secondary for the volume", "demote"),
+	status := replStatusCommand(&dataDir)
+	demote := op("demote", "Make this node secondary for the volume (refused while clients hold it open)", "demote")
+	demote.Flags().BoolVar(&force, "force", false, "demote even though clients hold the volume open (their writes then fail)")
+	rc.AddCommand(configure, promote, demote,
 		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
 		op("connect", "Leave StandAlone and reconnect (after resolving split brain)", "connect"),
 		op("disconnect", "Drop the connection and stay StandAlone", "disconnect"),
@@ -129,17 +114,18 @@ func replVolumeCommands() []*cobra.Command {
 					return err
 				}
 				if force != nil && *force {
-					return replOp(dataDir, args[0], "promote-force")
+					return replOp(dataDir, args[0], path+"-force")
 				}
 				return replOp(dataDir, args[0], path)
 			},
 		}
 	}
-	var force bool
+	var force, demoteForce bool
 	p := mk("promote", "Make this node primary for a replicated volume (refused while the peer is primary and connected)", "promote", &force)
 	p.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
-	return []*cobra.Command{p,
-		mk("demote", "Make this node secondary for a replicated volume", "demote", nil),
+	d := mk("demote", "Make this node secondary for a replicated volume (refused while clients hold it open)", "demote", &demoteForce)
+	d.Flags().BoolVar(&demoteForce, "force", false, "demote even though clients hold the volume open (their writes then fail)")
+	return []*cobra.Command{p, d,
 		mk("verify", "Online verify of a replicated volume against its peer", "verify", nil)}
 }
 
@@ -148,23 +134,6 @@ func orDefault(s, d string) string {
 		return d
 	}
 	return s
-}
-
-func printRepl(st []driver.Status) {
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tROLE\tDISK\tCONNECTION\tPEER\tPROTO\tOUT OF SYNC\tRESYNC\tETA\tLAST ERROR")
-	for _, s := range st {
-		prog, eta := "-", "-"
-		if s.SyncTotal > 0 {
-			prog = fmt.Sprintf("%.1f%%", s.SyncPct)
-		}
-		if s.ETASeconds > 0 {
-			eta = fmt.Sprintf("%.0fs", s.ETASeconds)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\t%s\t%s\n", s.Volume, s.Role, s.Disk, s.Conn, s.PeerRole, s.PeerDisk,
-			s.Protocol, volume.HumanSize(s.OutOfSync), prog, eta, s.LastError)
-	}
-	tw.Flush()
 }
 
 // replOp posts one replication operation (promote, demote, verify, ...) for
@@ -179,6 +148,6 @@ func replOp(dataDir, volume, op string) error {
 	if err := c.Do("POST", "/v1/repl/"+volume+"/"+op, nil, &st); err != nil {
 		return err
 	}
-	printRepl([]driver.Status{st})
+	writeReplTable(os.Stdout, []driver.Status{st})
 	return nil
 }

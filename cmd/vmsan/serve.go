@@ -53,7 +53,7 @@ logged and ignored.`,
 				os.Stdout.Write(b)
 				return nil
 			}
-			d, err := daemon.New(cfg, daemon.Options{Out: os.Stdout, Plugins: plugins, DeleteHooks: deleteHooks})
+			d, err := daemon.New(cfg, daemon.Options{Out: os.Stdout, Plugins: plugins, Hooks: volumeHooks})
 			if err != nil {
 				return err
 			}

@@ -162,7 +162,12 @@ var codeErrs = map[string]error{
 	"read_only":    volume.ErrReadOnly,
 	"invalid":      volume.ErrInvalid,
 	"damaged":      volume.ErrDamaged,
+	"replicated":   ErrReplicated,
 }
+
+// ErrReplicated: the operation would break a replicated pair (resizing one
+// copy); a ResizeCheck wraps it.
+var ErrReplicated = errors.New("refused for a replicated volume")
 
 // apiError turns an internal error into a status code and APIError. Bad
 // input always maps to 4xx (TestControlBadInput); 500 is left for real

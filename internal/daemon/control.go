@@ -186,6 +186,9 @@ func (d *Daemon) hCreate(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, name, size); err != nil {
+		return VolumeInfo{}, err
+	}
 	m, err := d.store.Resize(name, size, force)
 	if err != nil {
 		return VolumeInfo{}, err
@@ -297,7 +300,7 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 	defer d.mu.Unlock()
 	v := (*d.vols.Load())[name]
 	if v != nil {
-		if err := checkDeleteHooks(d.opts.DeleteHooks, d.cfg.DataDir, name, force); err != nil {
+		if err := checkDeleteHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
 			return err
 		}
 		v.BeginDelete() // see volrt.Volume.Acquire's INVARIANT
@@ -319,7 +322,7 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 			pd.VolumeDeleted(name)
 		}
 	}
-	runDeletedHooks(d.opts.DeleteHooks, d.cfg.DataDir, name)
+	runDeletedHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name)
 	d.log.Info("volume deleted", "volume", name, "force", force)
 	return nil
 }

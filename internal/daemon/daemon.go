@@ -68,9 +68,28 @@ type Options struct {
 	// serve` passes replication's here (cmd/vmsan/plugins.go). A daemon
 	// built without them has none: there is no global registration.
 	Plugins []PluginFactory
-	// DeleteHooks keep plugins' per-volume state consistent with volume
-	// deletion (pass the same ones to OpenVolumeOps).
-	DeleteHooks []DeleteHooks
+	// Hooks keep plugins' per-volume state consistent with volume deletion
+	// and refuse resizes they cannot follow (pass the same ones to
+	// OpenVolumeOps).
+	Hooks VolumeHooks
+}
+
+// VolumeHooks are the checks other subsystems (replication) apply to
+// volume deletion and resizing, with or without a running daemon. They are
+// passed explicitly (Options.Hooks, OpenVolumeOps), never registered
+// globally.
+type VolumeHooks struct {
+	Delete []DeleteHooks
+	Resize []ResizeCheck
+}
+
+func mergeHooks(hs []VolumeHooks) VolumeHooks {
+	var out VolumeHooks
+	for _, h := range hs {
+		out.Delete = append(out.Delete, h.Delete...)
+		out.Resize = append(out.Resize, h.Resize...)
+	}
+	return out
 }
 
 // Daemon is a running vmsan node.
@@ -112,6 +131,9 @@ type Daemon struct {
 	// frontEnds serve the volumes (NBD; iSCSI next): set in New, then
 	// read-only.
 	frontEnds []FrontEnd
+
+	// replMetrics is set by the replication plugin (SetReplicaMetrics).
+	replMetrics atomic.Pointer[replMetricsFn]
 }
 
 // Plugin extends a daemon with per-volume features that live outside this
@@ -163,6 +185,20 @@ func runDeletedHooks(deleteHooks []DeleteHooks, dataDir, name string) {
 			h.Deleted(dataDir, name)
 		}
 	}
+}
+
+// ResizeCheck may refuse resizing a volume (to size bytes) with a clear
+// error, with or without a running daemon: replication refuses for a
+// replicated volume, whose two copies must stay the same size.
+type ResizeCheck func(dataDir, name string, size int64) error
+
+func checkResize(resizeChecks []ResizeCheck, dataDir, name string, size int64) error {
+	for _, c := range resizeChecks {
+		if err := c(dataDir, name, size); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // PluginFactory builds a plugin for a daemon's configuration; it returns
@@ -309,6 +345,11 @@ func (d *Daemon) ensureVolumes() error {
 			// and its size or settings are not touched until repaired.
 			continue
 		case int64(cv.Size) > m.Size:
+			if cerr := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
+				// Serve at the old size rather than refuse to start.
+				d.log.Error("not growing volume to its configured size", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size), "err", cerr)
+				break
+			}
 			if _, err := d.store.Resize(cv.Name, int64(cv.Size), false); err != nil {
 				return err
 			}

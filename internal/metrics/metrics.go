@@ -25,12 +25,30 @@
 //	nbd_bytes_total{direction}, nbd_protocol_errors_total, nbd_panics_total,
 //	nbd_hole_chunks_total, nbd_inflight_requests
 //
+// Replication (one set per replicated volume, when the Source also
+// implements ReplicaSource). States are enum gauges: one series per
+// possible state, 1 for the current one and 0 for the others; peer states
+// are "Unknown" while not connected.
+//
+//	repl_role{volume, role}, repl_peer_role{volume, role}            Primary, Secondary (peer: also Unknown)
+//	repl_disk_state{volume, state}, repl_peer_disk_state{volume, state} Diskless .. UpToDate (peer: also Unknown)
+//	repl_connection_state{volume, state}                              StandAlone, Connecting, Handshake, Connected, Sync*, Verify*
+//	repl_out_of_sync_bytes, repl_pending_writes                       {volume}
+//	repl_resync_rate_bytes_per_second                                 {volume} (as sync source; 0 otherwise)
+//	repl_resync_bytes_total{volume, kind: data, zero, hash_match}     (resynced as source)
+//	repl_replicated_bytes_total                                       {volume}
+//	repl_disconnects_total{volume, reason}                            reason: admin, ping_timeout, ko_timeout,
+//	                                                                  peer_closed, io_error, protocol_error,
+//	                                                                  split_brain, handshake_refused, other
+//	repl_peer_ack_latency_seconds (histogram)                         {volume}: replicated write sent to first peer ack
+//
 // Concurrency: the collector is safe for concurrent scrapes as long as the
 // Source is.
 package metrics
 
 import (
 	"net/http"
+	"sort"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +58,7 @@ import (
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/repl"
 )
 
 // Volume is one volume's snapshot.
@@ -50,6 +69,28 @@ type Volume struct {
 	Connections int
 	// Engine is nil when the volume is not open.
 	Engine *ioengine.Stats
+}
+
+// Replica is one replicated volume's snapshot. State fields hold the repl
+// package's state names (Role.String() etc.).
+type Replica struct {
+	Volume                                string
+	Role, Disk, Conn, PeerRole, PeerDisk  string
+	OutOfSync                             int64
+	ResyncRate                            float64 // bytes/s
+	ResyncBytes, ResyncZeroBytes          int64   // counters
+	ResyncHashMatchBytes, ReplicatedBytes int64   // counters
+	PendingWrites                         int64
+	// Disconnects by reason kind; the producer keeps the key set bounded
+	// and fixed (zeros included) so rate() works from the first scrape.
+	Disconnects map[string]uint64
+	// AckLatency in nanoseconds.
+	AckLatency ioengine.Histogram
+}
+
+// ReplicaSource is implemented by Sources that have replicated volumes.
+type ReplicaSource interface {
+	Replicas() []Replica
 }
 
 // Source supplies snapshots at scrape time.
@@ -114,12 +155,41 @@ var (
 	dPanics   = desc("nbd_panics_total", "Recovered panics in connection handlers (each one is a bug).")
 	dHoles    = desc("nbd_hole_chunks_total", "Structured-read OFFSET_HOLE chunks sent.")
 	dNBDInfl  = desc("nbd_inflight_requests", "NBD requests received and not yet replied.")
-	allDescs  = []*prometheus.Desc{dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl}
-	opNames   = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
-	cmdNames  = [8]string{}
+
+	dRRole     = desc("repl_role", "Replication role of this node (1 for the current role).", "volume", "role")
+	dRPeerRole = desc("repl_peer_role", "Replication role of the peer (Unknown while not connected).", "volume", "role")
+	dRDisk     = desc("repl_disk_state", "Disk state of the local replica.", "volume", "state")
+	dRPeerDisk = desc("repl_peer_disk_state", "Disk state of the peer's replica (Unknown while not connected).", "volume", "state")
+	dRConn     = desc("repl_connection_state", "Replication connection state.", "volume", "state")
+	dROOS      = desc("repl_out_of_sync_bytes", "Bytes marked out of sync with the peer.", "volume")
+	dRPending  = desc("repl_pending_writes", "Client writes accepted by replication and not yet answered.", "volume")
+	dRRate     = desc("repl_resync_rate_bytes_per_second", "Resync rate since the resync started (as sync source).", "volume")
+	dRResync   = desc("repl_resync_bytes_total", "Bytes resynced to the peer as sync source, by how they travelled.", "volume", "kind")
+	dRSent     = desc("repl_replicated_bytes_total", "Client write payload bytes replicated to the peer.", "volume")
+	dRDisc     = desc("repl_disconnects_total", "Replication disconnects by reason kind.", "volume", "reason")
+	dRAckLat   = desc("repl_peer_ack_latency_seconds", "Time from sending a replicated write to the peer's first ack.", "volume")
+
+	allDescs = []*prometheus.Desc{dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
+		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
+	opNames  = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
+	cmdNames = [8]string{}
+
+	// Every state an enum gauge reports, from the repl package's names.
+	roleNames, peerRoleNames, diskNames, peerDiskNames, connNames []string
 )
 
 func init() {
+	for _, r := range []repl.Role{repl.Primary, repl.Secondary} {
+		roleNames = append(roleNames, r.String())
+	}
+	peerRoleNames = append(append([]string(nil), roleNames...), repl.RoleUnknown.String())
+	for d := repl.Diskless; d <= repl.UpToDate; d++ {
+		diskNames = append(diskNames, d.String())
+	}
+	peerDiskNames = append(append([]string(nil), diskNames...), repl.DiskUnknown.String())
+	for c := repl.StandAlone; c <= repl.VerifyTarget; c++ {
+		connNames = append(connNames, c.String())
+	}
 	for i := range cmdNames {
 		// "NBD_CMD_WRITE_ZEROES" -> "write_zeroes", matching the engine's op label.
 		cmdNames[i] = strings.ToLower(strings.TrimPrefix(proto.Cmd(i).String(), "NBD_CMD_"))
@@ -185,6 +255,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- histogram(dWriteSize, e.WriteSizes, 1, v.Name)
 		ch <- histogram(dReadSize, e.ReadSizes, 1, v.Name)
 	}
+	if rs, ok := c.src.(ReplicaSource); ok {
+		for _, r := range rs.Replicas() {
+			collectReplica(ch, r)
+		}
+	}
 	st, ok := c.src.ServerStats()
 	if !ok {
 		return
@@ -203,4 +278,44 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dPanics, st.Panics)
 	counter(dHoles, st.HoleChunks)
 	gauge(dNBDInfl, float64(st.InflightRequests))
+}
+
+// collectReplica emits one replicated volume's series.
+func collectReplica(ch chan<- prometheus.Metric, r Replica) {
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+	}
+	enum := func(d *prometheus.Desc, names []string, cur string) {
+		for _, n := range names {
+			v := 0.0
+			if n == cur {
+				v = 1
+			}
+			gauge(d, v, r.Volume, n)
+		}
+	}
+	enum(dRRole, roleNames, r.Role)
+	enum(dRPeerRole, peerRoleNames, r.PeerRole)
+	enum(dRDisk, diskNames, r.Disk)
+	enum(dRPeerDisk, peerDiskNames, r.PeerDisk)
+	enum(dRConn, connNames, r.Conn)
+	gauge(dROOS, float64(r.OutOfSync), r.Volume)
+	gauge(dRPending, float64(r.PendingWrites), r.Volume)
+	gauge(dRRate, r.ResyncRate, r.Volume)
+	counter(dRResync, float64(r.ResyncBytes), r.Volume, "data")
+	counter(dRResync, float64(r.ResyncZeroBytes), r.Volume, "zero")
+	counter(dRResync, float64(r.ResyncHashMatchBytes), r.Volume, "hash_match")
+	counter(dRSent, float64(r.ReplicatedBytes), r.Volume)
+	reasons := make([]string, 0, len(r.Disconnects))
+	for k := range r.Disconnects {
+		reasons = append(reasons, k)
+	}
+	sort.Strings(reasons)
+	for _, k := range reasons {
+		counter(dRDisc, float64(r.Disconnects[k]), r.Volume, k)
+	}
+	ch <- histogram(dRAckLat, r.AckLatency, 1e9, r.Volume)
 }

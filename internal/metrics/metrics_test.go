@@ -74,3 +74,50 @@ func TestCollect(t *testing.T) {
 		t.Error("engine series for a volume without an engine")
 	}
 }
+
+type replSource struct {
+	fakeSource
+	reps []Replica
+}
+
+func (r replSource) Replicas() []Replica { return r.reps }
+
+func TestCollectReplication(t *testing.T) {
+	rep := Replica{Volume: "vm1", Role: "Primary", Disk: "UpToDate", Conn: "Connecting", PeerRole: "Unknown", PeerDisk: "Unknown",
+		OutOfSync: 262144, PendingWrites: 2, ResyncBytes: 4096, ReplicatedBytes: 8192,
+		Disconnects: map[string]uint64{"ping_timeout": 3, "admin": 0},
+		AckLatency:  ioengine.Histogram{UpperBounds: []int64{1e6, 1e7}, Counts: []uint64{4, 1, 0}, Count: 5, Sum: 9e6}}
+	out := scrape(t, replSource{fakeSource: fakeSource{}, reps: []Replica{rep}})
+	for _, want := range []string{
+		`vmsan_repl_role{role="Primary",volume="vm1"} 1`,
+		`vmsan_repl_role{role="Secondary",volume="vm1"} 0`,
+		`vmsan_repl_peer_role{role="Unknown",volume="vm1"} 1`,
+		`vmsan_repl_peer_role{role="Secondary",volume="vm1"} 0`,
+		`vmsan_repl_disk_state{state="UpToDate",volume="vm1"} 1`,
+		`vmsan_repl_disk_state{state="Inconsistent",volume="vm1"} 0`,
+		`vmsan_repl_peer_disk_state{state="Unknown",volume="vm1"} 1`,
+		`vmsan_repl_connection_state{state="Connecting",volume="vm1"} 1`,
+		`vmsan_repl_connection_state{state="Connected",volume="vm1"} 0`,
+		`vmsan_repl_connection_state{state="VerifyTarget",volume="vm1"} 0`,
+		`vmsan_repl_out_of_sync_bytes{volume="vm1"} 262144`,
+		`vmsan_repl_pending_writes{volume="vm1"} 2`,
+		`vmsan_repl_resync_rate_bytes_per_second{volume="vm1"} 0`,
+		`vmsan_repl_resync_bytes_total{kind="data",volume="vm1"} 4096`,
+		`vmsan_repl_resync_bytes_total{kind="zero",volume="vm1"} 0`,
+		`vmsan_repl_replicated_bytes_total{volume="vm1"} 8192`,
+		`vmsan_repl_disconnects_total{reason="ping_timeout",volume="vm1"} 3`,
+		`vmsan_repl_disconnects_total{reason="admin",volume="vm1"} 0`,
+		`vmsan_repl_peer_ack_latency_seconds_bucket{volume="vm1",le="0.001"} 4`,
+		`vmsan_repl_peer_ack_latency_seconds_bucket{volume="vm1",le="0.01"} 5`,
+		`vmsan_repl_peer_ack_latency_seconds_count{volume="vm1"} 5`,
+		`vmsan_repl_peer_ack_latency_seconds_sum{volume="vm1"} 0.009`,
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("missing %q", want)
+		}
+	}
+	// Sources without replication have no repl series.
+	if out := scrape(t, fakeSource{}); strings.Contains(out, "vmsan_repl_") {
+		t.Error("replication series without a ReplicaSource")
+	}
+}

@@ -173,6 +173,12 @@ type pendingWrite struct {
 	hasAL     bool
 }
 
+// span is a sent protocol A write (id for tests and logs).
+type span struct {
+	id       uint64
+	off, len int64
+}
+
 type rxItem struct {
 	id        uint64
 	m         Message
@@ -232,13 +238,18 @@ type Node struct {
 	heard    int64
 	since    int64 // tick the current connection came up
 
-	nextID  uint64
-	seq     uint64
-	writes  map[uint64]*pendingWrite // by id (primary)
-	bySeq   map[uint64]*pendingWrite
-	order   []*pendingWrite // submission order (for deferral)
-	held    []*pendingWrite // deferred until handshake/resync conflict clears
-	rx      []*rxItem       // secondary stream in arrival order
+	nextID uint64
+	seq    uint64
+	writes map[uint64]*pendingWrite // by id (primary)
+	bySeq  map[uint64]*pendingWrite
+	order  []*pendingWrite // submission order (for deferral)
+	held   []*pendingWrite // deferred until a resync conflict clears
+	// sentA: protocol A writes sent on the current connection (by seq)
+	// that the peer has not yet reported received. Their clients may
+	// already be answered; a disconnect marks them out of sync, since the
+	// peer may never have got them.
+	sentA   map[uint64]span
+	rx      []*rxItem // secondary stream in arrival order
 	rxByID  map[uint64]*rxItem
 	appTick int64 // application bytes replicated this tick (dynamic rate)
 	appLast int64
@@ -248,7 +259,13 @@ type Node struct {
 	peerBMDone bool
 	peerRole   Role
 	peerDisk   DiskState
-	sentHello  bool
+	// sentHello is the Hello we sent at Connect. The decision uses it, not
+	// our state at decide time: the peer decides from the same two Hellos,
+	// and writes during the handshake may have changed our generations.
+	sentHello Hello
+	// hsWrites: a write went local-only (bitmap marked) during this
+	// handshake; the peer has not seen it, whatever the decision says.
+	hsWrites bool
 
 	// resync/verify source
 	rs        map[uint64]*rsRange // by read id
@@ -289,10 +306,14 @@ func NewNode(cfg Config, m Meta, bitmapWords []uint64, alExtents []int64) *Node 
 		al:      newActivityLog(cfg.ALExtents),
 		writes:  make(map[uint64]*pendingWrite),
 		bySeq:   make(map[uint64]*pendingWrite),
+		sentA:   make(map[uint64]span),
 		rxByID:  make(map[uint64]*rxItem),
 		rs:      make(map[uint64]*rsRange),
 		rsByOff: make(map[int64]*rsRange),
 		cmp:     make(map[uint64]Message),
+		// Nothing is known of the peer until its Hello.
+		peerRole: RoleUnknown,
+		peerDisk: DiskUnknown,
 	}
 	n.meta.NodeID = cfg.NodeID
 	if bitmapWords != nil {
@@ -411,7 +432,8 @@ func (n *Node) Connect() {
 	n.since, n.heard, n.lastPing = n.tick, n.tick, n.tick
 	n.peerHello, n.peerBitmap, n.peerBMDone = nil, NewBitmap(n.cfg.Size), false
 	n.seq = 0
-	n.send(Message{Type: MsgHello, Data: EncodeHello(n.hello())})
+	n.sentHello, n.hsWrites = n.hello(), false
+	n.send(Message{Type: MsgHello, Data: EncodeHello(n.sentHello)})
 	runs := n.bm.Runs()
 	// Split the run list so no frame exceeds MaxData.
 	const perFrame = 1 << 20
@@ -454,7 +476,10 @@ func (n *Node) disconnect(reason string, to ConnState) {
 		n.lastErr = reason
 	}
 	// Primary: writes the peer never confirmed may be missing there.
-	for _, p := range n.order {
+	// Range over a copy: maybeRelease removes released writes from
+	// n.order, and ranging over the slice being shifted would skip the
+	// write after each one released (left pending forever, never marked).
+	for _, p := range append([]*pendingWrite(nil), n.order...) {
 		if p.peerWait {
 			p.peerWait = false
 			if p.w.Op != OpFlush {
@@ -465,6 +490,13 @@ func (n *Node) disconnect(reason string, to ConnState) {
 		}
 	}
 	clear(n.bySeq)
+	// Protocol A writes already answered but not known to have reached
+	// the peer.
+	for _, sp := range n.sentA {
+		n.bm.SetRange(sp.off, sp.len)
+		n.bmDirty = true
+	}
+	clear(n.sentA)
 	if wasUp && n.meta.Role == Primary && n.meta.Gens.Bitmap == 0 {
 		n.meta.Gens.newCurrent(n.newGen())
 		n.metaDirty = true
@@ -484,6 +516,9 @@ func (n *Node) disconnect(reason string, to ConnState) {
 	clear(n.rsByOff)
 	clear(n.cmp)
 	n.peerHello = nil
+	// What we knew of the peer is stale from now on: report it as unknown
+	// (DRBD's DUnknown) rather than as it was at the last contact.
+	n.peerRole, n.peerDisk = RoleUnknown, DiskUnknown
 	n.bmDirty = true
 	n.metaDirty = true
 	// Writes held for the handshake or a resync conflict go local-only.
@@ -593,14 +628,17 @@ func (n *Node) Propose(w Write) (uint64, error) {
 	return p.id, nil
 }
 
-// mustHold: during the handshake writes wait (we do not know yet whether
-// the peer will receive them); during resync a write overlapping a range
-// being resynced waits so stale resync data never lands after it; and a
-// write never overtakes an earlier held write it overlaps.
+// mustHold: during resync a write overlapping a range being resynced waits
+// so stale resync data never lands after it (bounded: the range's ack, or
+// the ping timeout that ends the connection); and a write never overtakes
+// an earlier held write it overlaps.
+//
+// A write never waits for a handshake: a peer that accepted the TCP
+// connection but is frozen (SIGSTOP, hung host) would hold it until the
+// ping timeout, again at every redial. While not Connected the primary runs
+// standalone: the write is applied locally and its chunks are marked out of
+// sync (issue), and the resync after the handshake sends them (maybeDecide).
 func (n *Node) mustHold(p *pendingWrite) bool {
-	if n.conn == Handshake {
-		return true
-	}
 	if p.w.Op == OpFlush {
 		return len(n.held) > 0
 	}
@@ -659,8 +697,13 @@ func (n *Node) issue(p *pendingWrite) {
 		if n.cfg.Protocol != ProtoA {
 			p.peerWait = true
 			n.bySeq[p.seq] = p
+		} else if w.Op != OpFlush {
+			n.sentA[p.seq] = span{p.id, w.Offset, w.Length}
 		}
 	} else if w.Op != OpFlush {
+		if n.conn == Handshake {
+			n.hsWrites = true
+		}
 		if n.meta.Gens.Bitmap == 0 && n.meta.Gens.Current != 0 {
 			// First write without the peer in this generation: start a new
 			// one (persisted before the write is applied), so the peer can
@@ -795,7 +838,14 @@ func (n *Node) Tick() {
 	n.appLast, n.appTick = n.appTick, 0
 	if n.conn >= Handshake {
 		if n.tick-n.heard > int64(n.cfg.PingTimeout) {
-			n.disconnect("ping timeout", Connecting)
+			// Also ends a handshake a frozen peer never answers (its
+			// kernel accepted the connection): the primary runs
+			// standalone meanwhile and redials.
+			reason := "ping timeout"
+			if n.conn == Handshake {
+				reason = "handshake timeout (peer accepted the connection but did not answer)"
+			}
+			n.disconnect(reason, Connecting)
 			return
 		}
 		if n.tick-n.lastPing >= int64(n.cfg.PingInterval) {
@@ -893,6 +943,11 @@ func (n *Node) step(m Message) error {
 		}
 		return n.rxData(m, true)
 	case MsgRecvAck, MsgWriteAck:
+		if n.cfg.Protocol == ProtoA {
+			// The peer has the write: a disconnect need no longer mark it.
+			delete(n.sentA, m.Seq)
+			return nil
+		}
 		p, ok := n.bySeq[m.Seq]
 		if !ok {
 			return nil // ack for a write already given up on
@@ -976,8 +1031,14 @@ func (n *Node) maybeDecide() {
 	if n.peerHello == nil || !n.peerBMDone {
 		return
 	}
-	self := n.hello()
-	d := Decide(self, *n.peerHello, n.cfg.SplitBrain)
+	d := Decide(n.sentHello, *n.peerHello, n.cfg.SplitBrain)
+	if d.Kind == NoSync && n.hsWrites {
+		// Identical when the Hellos were sent, but we wrote since (the
+		// writes went local-only and are in our bitmap): resync them. The
+		// peer decided NoSync and is Connected; a SyncStart moves it to
+		// SyncTarget, as after an online verify.
+		d = Decision{Kind: BitmapSource, Rule: d.Rule, Reason: "writes during the handshake"}
+	}
 	n.lastDecision = d
 	if d.Kind != SplitBrain && d.Kind != Unrelated && d.Kind != Refused {
 		n.lastErr = ""
@@ -1035,7 +1096,9 @@ func (n *Node) rxData(m Message, resync bool) error {
 	if m.Op != OpFlush && (m.Offset > n.cfg.Size-m.Length) {
 		return ErrOutOfRange
 	}
-	if m.Type == MsgData && n.cfg.Protocol == ProtoB {
+	if m.Type == MsgData && n.cfg.Protocol != ProtoC {
+		// B: the client's ack. A: lets the primary forget the write (it
+		// marks writes not yet received out of sync at a disconnect).
 		n.send(Message{Type: MsgRecvAck, Seq: m.Seq})
 	}
 	n.nextID++

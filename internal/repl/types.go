@@ -8,13 +8,19 @@ type Role uint8
 const (
 	Secondary Role = iota // receives the stream; refuses client writes
 	Primary               // serves clients read-write, sends the stream
+	// RoleUnknown is only ever the peer's role while we do not hear from
+	// it (not connected, or before its Hello): never persisted or sent.
+	RoleUnknown
 )
 
 func (r Role) String() string {
-	if r == Primary {
+	switch r {
+	case Primary:
 		return "Primary"
+	case Secondary:
+		return "Secondary"
 	}
-	return "Secondary"
+	return "Unknown"
 }
 
 // DiskState is DRBD's disk state of the local replica.
@@ -25,6 +31,9 @@ const (
 	Inconsistent                  // mid-resync target or never synced: not usable on its own
 	Outdated                      // consistent, but known to be older than the peer
 	UpToDate                      // consistent and (as far as we know) newest
+	// DiskUnknown is only ever the peer's disk state while we do not hear
+	// from it: never persisted or sent (DRBD's DUnknown).
+	DiskUnknown
 )
 
 func (d DiskState) String() string {
@@ -37,6 +46,8 @@ func (d DiskState) String() string {
 		return "Outdated"
 	case UpToDate:
 		return "UpToDate"
+	case DiskUnknown:
+		return "Unknown"
 	}
 	return fmt.Sprintf("DiskState(%d)", d)
 }

@@ -226,6 +226,7 @@ type pairOpts struct {
 	size       string
 	protocol   string
 	splitBrain string
+	extra      []string // more `repl configure` flags for both (later flags win)
 }
 
 // newPair: a is primary and dials b through the fault proxy; b accepts.
@@ -252,6 +253,7 @@ func newPair(t *testing.T, o pairOpts) *pairT {
 	if o.splitBrain != "" {
 		common = append(common, "--split-brain", o.splitBrain)
 	}
+	common = append(common, o.extra...)
 	for _, n := range []*node{p.a, p.b} {
 		os.MkdirAll(n.dir, 0o755)
 		n.run("volume", "create", volName, "--size", o.size)

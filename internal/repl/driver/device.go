@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/vmsan/vmsan/internal/backend"
@@ -12,11 +13,29 @@ import (
 // Wrap returns the device front ends should use for this volume: reads go
 // straight to the local engine; writes, trims, zeroes and flushes go
 // through replication (and are refused on a secondary).
-func (r *Replica) Wrap(dev export.Device) export.Device { return &device{Device: dev, r: r} }
+//
+// Every wrapped device counts as a client holding the volume open until it
+// is released (the NBD server opens one per connection); Demote refuses
+// while any does. The replica's own reference (Options.Device) is not
+// wrapped, so it is not counted.
+func (r *Replica) Wrap(dev export.Device) export.Device {
+	r.opens.Add(1)
+	return &device{Device: dev, r: r}
+}
 
 type device struct {
 	export.Device
-	r *Replica
+	r        *Replica
+	released atomic.Bool
+}
+
+// Release drops this client's hold (once, however often a front end calls
+// it) and the underlying reference.
+func (d *device) Release() {
+	if d.released.CompareAndSwap(false, true) {
+		d.r.opens.Add(-1)
+	}
+	d.Device.Release()
 }
 
 func (d *device) Info() export.Info {

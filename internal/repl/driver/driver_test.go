@@ -3,12 +3,14 @@ package driver
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -258,7 +260,8 @@ func TestPromoteRefusedWhilePeerPrimary(t *testing.T) {
 	if err := b.r.Promote(false); err == nil {
 		t.Fatal("promotion allowed while the peer is primary and connected")
 	}
-	if err := a.r.Demote(); err != nil {
+	a.front.Release() // the test's client lets go of a first
+	if err := a.r.Demote(false); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "peer demoted", 10*time.Second, func() bool { return b.r.Status().PeerRole == "Secondary" })
@@ -454,5 +457,69 @@ func TestProtocolABufferReuseAfterReply(t *testing.T) {
 			t.Fatal("secondary differs from primary: it received recycled buffers, not the data written")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A client held back by protocol A's send budget toward a peer that reads
+// nothing (frozen) must go as soon as the link is dropped, not after the
+// drain timeout: its write then goes local-only.
+func TestSendBudgetWaiterFreedOnDrop(t *testing.T) {
+	c1, c2 := net.Pipe() // c2 never read: every write blocks, like a frozen peer
+	defer c1.Close()
+	defer c2.Close()
+	s := newSender(c1, func(error) {})
+	s.push(repl.Message{Type: repl.MsgData, Op: repl.OpWrite, Length: 1 << 20, Data: make([]byte, 1<<20)})
+	s.push(repl.Message{Type: repl.MsgData, Op: repl.OpWrite, Length: 1 << 20, Data: make([]byte, 1<<20)})
+	done := make(chan struct{})
+	go func() { s.waitBelow(1 << 10); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("waitBelow returned with the budget exceeded")
+	case <-time.After(100 * time.Millisecond):
+	}
+	s.drainClose() // what link.close does first
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		t.Fatal("client still waiting for a dropped link's queue to drain")
+	}
+	s.close()
+}
+
+// Demote is refused while a client holds the volume open (a wrapped
+// device not released), like DRBD's "Device is held open"; force demotes
+// anyway and the client's next write fails.
+func TestDemoteRefusedWhileHeldOpen(t *testing.T) {
+	a, _ := pair(t, 8<<20, "C")
+	waitFor(t, "connected", 10*time.Second, connected(a))
+	a.front.Release()     // the harness's own client; use one of our own
+	cl := a.r.Wrap(a.dev) // what the NBD server holds per connection
+	if err := a.r.Demote(false); !errors.Is(err, ErrHeldOpen) {
+		t.Fatalf("demote with a client holding the volume: %v, want ErrHeldOpen", err)
+	}
+	if a.r.Status().Role != "Primary" {
+		t.Fatal("demoted although refused")
+	}
+	cl.Release()
+	cl.Release() // a second release must not count twice
+	if n := a.r.Opens(); n != 0 {
+		t.Fatalf("opens %d after release", n)
+	}
+	if err := a.r.Demote(false); err != nil {
+		t.Fatalf("demote without clients: %v", err)
+	}
+	if err := a.r.Promote(false); err != nil {
+		t.Fatal(err)
+	}
+	cl = a.r.Wrap(a.dev)
+	defer cl.Release()
+	if err := a.r.Demote(true); err != nil {
+		t.Fatalf("forced demote: %v", err)
+	}
+	done := make(chan error, 1)
+	cl.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: 0, Length: 4096, Data: make([]byte, 4096),
+		Done: func(q *ioengine.Request) { done <- q.Err }})
+	if err := <-done; !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write after forced demote: %v, want EROFS", err)
 	}
 }

@@ -382,9 +382,14 @@ func (s *sender) drainClose() {
 
 // waitBelow blocks while more than limit payload bytes are queued (used to
 // push back on clients under protocol A, where nothing else would).
+//
+// It returns as soon as the link is dropped (draining or closed), not when
+// the drain finishes: a frozen peer never drains its queue, and once the
+// node has given up on the peer the client's write goes local-only, so it
+// must not wait out the drain timeout too.
 func (s *sender) waitBelow(limit int64) {
 	s.mu.Lock()
-	for s.bytes > limit && !s.closed {
+	for s.bytes > limit && !s.closed && !s.draining {
 		s.cond.Wait()
 	}
 	s.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -26,9 +27,12 @@ import (
 // Control endpoints (on the daemon's control socket):
 //
 //	POST /v1/repl/{volume}/{op}   op: promote, promote-force, demote,
-//	                              verify, connect, disconnect
+//	                              demote-force, verify, connect, disconnect
 //
-// and `vmsan status` gains a "replication" section.
+//	GET  /v1/repl                 every replica's Status (JSON list)
+//
+// `vmsan status` gains a "replication" section, and /metrics the
+// vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
 	dataDir string
 	log     *slog.Logger
@@ -98,6 +102,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
 	}
 	d.AddStatus("replication", func() any { return p.Statuses() })
+	d.SetReplicaMetrics(p.Metrics)
 	d.Handle("POST /v1/repl/{volume}/{op}", http.HandlerFunc(p.handle))
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, p.Statuses())
@@ -112,6 +117,22 @@ func (p *Plugin) Statuses() []Status {
 	out := make([]Status, 0, len(p.replicas))
 	for _, r := range p.replicas {
 		out = append(out, r.Status())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
+	return out
+}
+
+// Metrics returns every replica's metrics snapshot (for /metrics).
+func (p *Plugin) Metrics() []metrics.Replica {
+	p.mu.Lock()
+	rs := make([]*Replica, 0, len(p.replicas))
+	for _, r := range p.replicas {
+		rs = append(rs, r)
+	}
+	p.mu.Unlock()
+	out := make([]metrics.Replica, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, r.Metrics())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Volume < out[j].Volume })
 	return out
@@ -136,7 +157,9 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	case "promote-force":
 		err = r.Promote(true)
 	case "demote":
-		err = r.Demote()
+		err = r.Demote(false)
+	case "demote-force":
+		err = r.Demote(true)
 	case "verify":
 		err = r.Verify()
 	case "connect":
@@ -253,6 +276,22 @@ func (p *Plugin) VolumeDeleted(name string) {
 		dev.Release()
 	}
 	p.log.Info("replication stopped: volume deleted", "volume", name)
+}
+
+// ResizeCheck refuses to resize a replicated volume (pass in
+// daemon.Options.Hooks). Both copies must have the same size: the
+// handshake refuses to connect a pair whose sizes differ, and a primary
+// grown alone would send writes past the secondary's end. Resizing both
+// sides in step is not implemented; docs/replication.md ("Resizing a
+// replicated volume") gives the procedure.
+func ResizeCheck(dataDir, name string, size int64) error {
+	s, err := LoadSettings(Dir(dataDir, name))
+	if err != nil {
+		return nil // not replicated (or no readable settings: nothing to keep in step)
+	}
+	return fmt.Errorf("volume %s is replicated (peer %s): resizing one copy would leave the pair unable to reconnect (sizes must match). "+
+		"To resize, take replication down on both nodes, resize, and resync the secondary in full: see \"Resizing a replicated volume\" in docs/replication.md (%w)",
+		name, s.Peer, daemon.ErrReplicated)
 }
 
 // DeleteHooks keep replication state in step with volume deletion

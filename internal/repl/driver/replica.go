@@ -72,6 +72,7 @@ type Replica struct {
 	epoch    uint64                       // loop only
 	pending  map[uint64]*pendingPair      // loop only: accepted halves
 	inflight atomic.Int64                 // applies submitted and not completed
+	opens    atomic.Int64                 // wrapped devices not released: clients holding the volume
 	queued   atomic.Int64                 // applies in applyQ or being submitted by the submitter
 
 	// rxBudget bounds stream data received but not yet applied, so a slow
@@ -97,6 +98,7 @@ type Replica struct {
 	statusMu sync.Mutex
 	status   Status
 	eta      etaEstimator
+	obs      observer // logs, disconnect kinds, ack latency (observe.go)
 
 	stop     chan struct{}
 	done     chan struct{}
@@ -343,6 +345,7 @@ func (r *Replica) handle(ev event) {
 	switch ev.kind {
 	case evMsg:
 		if r.link != nil && ev.epoch == r.link.epoch {
+			r.onRecv(ev.epoch, ev.msg)
 			r.node.Step(ev.msg)
 		}
 		if t := ev.msg.Type; t != repl.MsgData && t != repl.MsgRSData && len(ev.msg.Data) > 0 {
@@ -353,6 +356,7 @@ func (r *Replica) handle(ev event) {
 		if r.link != nil && ev.epoch == r.link.epoch {
 			r.log.Warn("replication link lost", "err", ev.err)
 			r.dropLink()
+			r.obs.linkErr = ev.err
 			r.node.Disconnect(ev.err.Error())
 		}
 	case evConn:
@@ -421,6 +425,7 @@ func (r *Replica) process() error {
 		}
 		for _, m := range rd.Send {
 			if r.link != nil {
+				r.ackSent(m)
 				r.link.send(m)
 			}
 		}
@@ -454,10 +459,11 @@ func (r *Replica) process() error {
 			}
 		}
 		if rd.Disconnect != "" {
-			r.log.Warn("replication disconnect", "reason", rd.Disconnect)
+			r.noteDisconnect(rd.Disconnect)
 			r.dropLink()
 		}
 	}
+	r.obs.pending.Store(int64(len(r.clients)))
 	return nil
 }
 
@@ -679,8 +685,24 @@ func (r *Replica) Promote(force bool) error {
 	return r.call(func() error { return r.node.Promote(force, time.Now().UnixNano()) })
 }
 
-// Demote makes this node secondary.
-func (r *Replica) Demote() error { return r.call(r.node.Demote) }
+// ErrHeldOpen: demote refused because clients hold the volume open.
+var ErrHeldOpen = errors.New("repl: volume is held open")
+
+// Demote makes this node secondary. Like DRBD ("Device is held open") it
+// refuses while a client holds the volume open, unless force: the client
+// would keep a read-write device whose next write fails with EROFS.
+func (r *Replica) Demote(force bool) error {
+	if n := r.opens.Load(); n > 0 && !force {
+		if r.primary.Load() {
+			return fmt.Errorf("%w by %d client(s) (e.g. NBD connections): disconnect them first, or demote with --force (their writes then fail with EROFS)", ErrHeldOpen, n)
+		}
+	}
+	return r.call(r.node.Demote)
+}
+
+// Opens reports how many clients hold the volume open (wrapped devices not
+// released).
+func (r *Replica) Opens() int64 { return r.opens.Load() }
 
 // Verify starts online verify.
 func (r *Replica) Verify() error { return r.call(r.node.StartVerify) }

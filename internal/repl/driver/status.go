@@ -6,7 +6,13 @@ import (
 	"github.com/vmsan/vmsan/internal/repl"
 )
 
-// Status is what `vmsan status` shows for a replicated volume.
+// Status is what `vmsan status` and `vmsan repl status` show for a
+// replicated volume, and the JSON of GET /v1/repl and `vmsan repl status
+// --json`. Every field is always present (no omitempty), so scripts see
+// one shape; new fields may be added, none removed or renamed. States are
+// the names of the repl package's Role, DiskState and ConnState; peer_role
+// and peer_disk are "Unknown" while not connected. Resync fields are 0
+// when no resync or verify runs here as source.
 type Status struct {
 	Volume     string  `json:"volume"`
 	Role       string  `json:"role"`
@@ -19,13 +25,15 @@ type Status struct {
 	Listen     string  `json:"listen"`
 	Gens       string  `json:"generations"`
 	OutOfSync  int64   `json:"out_of_sync_bytes"`
-	SyncTotal  int64   `json:"resync_total_bytes,omitempty"`
-	SyncLeft   int64   `json:"resync_left_bytes,omitempty"`
-	SyncPct    float64 `json:"resync_percent,omitempty"`
-	SyncRate   float64 `json:"resync_bytes_per_sec,omitempty"`
-	ETASeconds float64 `json:"resync_eta_seconds,omitempty"`
-	Decision   string  `json:"last_decision,omitempty"`
-	LastError  string  `json:"last_error,omitempty"`
+	SyncTotal  int64   `json:"resync_total_bytes"`
+	SyncLeft   int64   `json:"resync_left_bytes"`
+	SyncPct    float64 `json:"resync_percent"`
+	SyncRate   float64 `json:"resync_bytes_per_sec"`
+	ETASeconds float64 `json:"resync_eta_seconds"`
+	Decision   string  `json:"last_decision"`
+	LastError  string  `json:"last_error"`
+	// PendingWrites is the client writes accepted and not yet answered.
+	PendingWrites int `json:"pending_writes"`
 
 	ResyncBytes     int64 `json:"resync_sent_bytes"`
 	ResyncZeroBytes int64 `json:"resync_zero_bytes"`
@@ -90,6 +98,8 @@ func (r *Replica) publish() {
 	} else {
 		r.eta = etaEstimator{}
 	}
+	st.PendingWrites = len(r.clients)
+	r.observe(s, time.Now())
 	r.statusMu.Lock()
 	r.status = st
 	r.statusMu.Unlock()
@@ -98,6 +108,9 @@ func (r *Replica) publish() {
 // Status returns the latest snapshot.
 func (r *Replica) Status() Status {
 	r.statusMu.Lock()
-	defer r.statusMu.Unlock()
-	return r.status
+	st := r.status
+	r.statusMu.Unlock()
+	// Current, not as of the last publish (up to a tick old).
+	st.PendingWrites = int(r.obs.pending.Load())
+	return st
 }

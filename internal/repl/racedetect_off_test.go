@@ -1,0 +1,5 @@
+//go:build !race
+
+package repl
+
+const raceDetector = false

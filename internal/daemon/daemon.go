@@ -1,6 +1,9 @@
-// Package daemon wires vmsan together: volume store -> backend -> I/O engine
-// -> export registry -> NBD listeners, plus the control socket, metrics and
-// signal-driven shutdown.
+// Package daemon wires vmsan together: volume store -> volume runtime
+// (volrt.Volume: backend + I/O engine) -> export registry -> a list of
+// front ends (NBD today; frontEndFactories), plus the control socket,
+// metrics, plugins and signal-driven shutdown. It knows no protocol: each
+// front end implements FrontEnd (daemon/nbd.go for NBD), and adding one is
+// a line in frontEndFactories.
 //
 // Simplest use (what `vmsan serve` does):
 //
@@ -8,15 +11,19 @@
 //	if err != nil { ... }
 //	err = d.Run(ctx) // until ctx is cancelled (SIGTERM), then drains and exits
 //
+// Plugins (replication) and volume hooks are passed in Options; there is
+// no global registration, so a daemon built in a test has exactly what the
+// test passes.
+//
 // New binds every listener before returning, so tests can pass "127.0.0.1:0"
 // and read the real address from NBDAddrs.
 //
-// Shutdown order (Run, after ctx is done): stop the control socket, stop
-// accepting NBD connections and wait for in-flight requests to be replied
-// (server.Shutdown), close each engine (drain + sync) and backend, release
-// the data directory lock. A FLUSH acknowledged before shutdown is durable
-// by then; so is every write acknowledged before it, because engine Close
-// syncs.
+// Shutdown order (Run, after ctx is done): stop the control socket, each
+// front end's Shutdown (NBD: stop accepting connections and wait for
+// in-flight requests to be replied), stop plugins, close each engine
+// (drain + sync) and backend, release the data directory lock. A FLUSH
+// acknowledged before shutdown is durable by then; so is every write
+// acknowledged before it, because engine Close syncs.
 //
 // Reload (reload.go; SIGHUP in `vmsan serve` through HandleReloads) applies
 // a new configuration without dropping clients: new volumes, TLS files, log
@@ -24,8 +31,8 @@
 // (tls.go) so new handshakes pick up rotated certificates.
 //
 // Concurrency: Daemon methods are safe for concurrent use. Control
-// operations that change the set of volumes are serialised by mu; the NBD
-// data path reads an immutable snapshot of the volume map and never takes mu.
+// operations that change the set of volumes are serialised by mu; the data
+// path reads an immutable snapshot of the volume map and never takes mu.
 package daemon
 
 import (

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 func (d *Daemon) startMetrics() error {
@@ -70,3 +71,6 @@ func (s metricsSource) ServerStats() (server.Stats, bool) {
 	}
 	return s.d.nbd.srv.Stats(), true
 }
+
+// FrontEnds implements metrics.FrontEndSource.
+func (s metricsSource) FrontEnds() []volrt.FrontEndStats { return s.d.frontEndStats() }

@@ -69,8 +69,8 @@ import (
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/nbd/server"
-	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 // Volume is one volume's snapshot.

@@ -206,3 +206,31 @@ func TestSessions(t *testing.T) {
 		t.Fatalf("PerVolume %v", pv)
 	}
 }
+
+// TestNewOverMem: a Volume over any backend (what a front end's tests use)
+// serves I/O through its device and closes the backend with the engine.
+func TestNewOverMem(t *testing.T) {
+	v := New(volume.Meta{Name: "m", Size: 1 << 20, LogicalBlockSize: 4096}, backend.NewMem(1<<20), ioengine.Config{}, 1<<20)
+	dev, err := v.Acquire(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := dev.Info(); in.MinBlock != 4096 || in.Size != 1<<20 {
+		t.Fatalf("Info %+v: a 4Kn volume advertises 4096-byte minimum blocks", in)
+	}
+	buf := *GetBuf(4096)
+	buf[0] = 7
+	done := make(chan error, 1)
+	dev.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: 8192, Length: 4096, Data: buf, Done: func(r *ioengine.Request) { done <- r.Err }})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	exts, err := dev.Extents(0, 1<<20)
+	if err != nil || len(exts) == 0 {
+		t.Fatalf("Extents: %v %v", exts, err)
+	}
+	dev.Release()
+	if err := v.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -35,7 +35,7 @@ type Volume struct {
 	mu   sync.Mutex
 	meta volume.Meta
 
-	be  *backend.File
+	be  backend.Backend
 	eng *ioengine.Engine
 
 	// refs counts Acquire references not yet released.
@@ -64,9 +64,16 @@ func Open(store *volume.Store, m volume.Meta, ecfg ioengine.Config, maxPayload u
 		be.Close()
 		return nil, fmt.Errorf("volume %s: raw file is %d bytes but metadata says %d", m.Name, be.Size(), m.Size)
 	}
+	return New(m, be, ecfg, maxPayload), nil
+}
+
+// New runs an engine over an already open backend (Open does this for a
+// store's volume; a front end's tests can pass a backend.Mem). The Volume
+// owns be from now on: Close closes it.
+func New(m volume.Meta, be backend.Backend, ecfg ioengine.Config, maxPayload uint32) *Volume {
 	v := &Volume{name: m.Name, meta: m, be: be, maxPayload: maxPayload}
 	v.eng = ioengine.New(be, ecfg)
-	return v, nil
+	return v
 }
 
 // Name is the volume's name.

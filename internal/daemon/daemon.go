@@ -295,6 +295,16 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	if d.tls, err = newServerTLS(cfg.TLS); err != nil {
 		return nil, err
 	}
+	// Front ends bind their listeners here, before the control socket and
+	// plugins, so a listener that cannot be bound fails New before
+	// replication starts talking to its peer.
+	for _, newFE := range frontEndFactories {
+		fe, err := newFE(d)
+		if err != nil {
+			return nil, err
+		}
+		d.frontEnds = append(d.frontEnds, fe)
+	}
 	if err = d.startControl(); err != nil {
 		return nil, err
 	}
@@ -305,13 +315,6 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	}
 	if err = d.startPlugins(); err != nil {
 		return nil, err
-	}
-	for _, newFE := range frontEndFactories {
-		fe, err := newFE(d)
-		if err != nil {
-			return nil, err
-		}
-		d.frontEnds = append(d.frontEnds, fe)
 	}
 	return d, nil
 }

@@ -35,8 +35,9 @@ type FrontEnd interface {
 
 // frontEndFactories builds the daemon's front ends, in banner order. A
 // front end is added with one line here (and its factory, next to nbd.go).
-// Factories run in New once the volumes are open and the control socket
-// is bound; they bind their listeners but serve nothing until Serve.
+// Factories run in New once the volumes are open and TLS is loaded,
+// before the control socket and plugins start; they bind their listeners
+// but serve nothing until Serve.
 var frontEndFactories = []func(d *Daemon) (FrontEnd, error){
 	newNBDFrontEnd,
 }

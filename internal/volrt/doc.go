@@ -20,11 +20,13 @@
 //
 // What lives here:
 //
-//   - Volume (volume.go): an open volume and its reference/delete handshake
-//     with the daemon's registry; Acquire hands out devices, through the
-//     wrapping chain (Wrap) that replication uses.
-//   - Connections (conns.go): per front end, per volume, per client address
-//     counts and the list of connected clients, front-end neutral.
+//   - Volume (volume.go): an open volume (Open from the store, or New over
+//     any backend) and its reference/delete handshake with the daemon's
+//     registry; Acquire hands out devices, through the wrapping chain
+//     (Wrap) that replication uses.
+//   - Sessions, FrontEndStats (sessions.go): per front end, per volume, per
+//     client address (since when) connection tracking, and the statistics
+//     every front end reports to daemon status and metrics.
 //   - Lifecycle (lifecycle.go): the submit/complete handshake with the
 //     engine that decides who replies to a request (the submitter when it
 //     completed inline, else the completion path).
@@ -40,7 +42,7 @@
 // seam (export.Device, which replication's driver wraps); it imports no
 // front end and not daemon (internal/layering_test.go enforces this).
 //
-// Concurrency: Volume, Connections and Budget are safe for concurrent use;
+// Concurrency: Volume, Sessions and Budget are safe for concurrent use;
 // a Lifecycle is used by one request at a time (its submitter and its
 // completion, which the handshake orders); the helpers are pure functions.
 package volrt

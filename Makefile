@@ -21,12 +21,13 @@ TIMEOUT   ?= 25m
 RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon)(/|$$)
 
 # Debian packages the tests drive (real NBD clients and servers, QEMU,
-# filesystems for the loop-mount tests, certtool for TLS certificates).
+# filesystems for the loop-mount tests, certtool for TLS certificates,
+# libiscsi's iscsi-inq/iscsi-ls for the iSCSI codec's live initiator test).
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
-             busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs
+             busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
-             nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4
+             nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq
 
 .PHONY: all build test deps vet unit race fuzz-short fuzz bench soak clean
 

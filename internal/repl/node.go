@@ -156,7 +156,7 @@ var (
 	ErrDiskless     = errors.New("repl: no usable local disk")
 	ErrOutOfRange   = errors.New("repl: request outside the volume")
 	ErrPeerPrimary  = errors.New("repl: peer is primary and connected; demote it first")
-	ErrNotUpToDate  = errors.New("repl: local disk is not UpToDate (use force)")
+	ErrNotUpToDate  = errors.New("repl: local disk is not UpToDate (use --force)")
 	ErrNotConnected = errors.New("repl: not connected")
 	ErrBusy         = errors.New("repl: resync or verify in progress")
 )

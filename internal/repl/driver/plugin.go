@@ -21,7 +21,7 @@ import (
 )
 
 // Plugin runs replication inside a vmsan daemon: one Replica per volume
-// that has <data_dir>/repl/<volume>/config.json. Register it with
+// that has <data_dir>/repl/<volume>/config.json. A daemon gets it by
 // passing driver.NewPlugin in daemon.Options.Plugins (cmd/vmsan/plugins.go).
 //
 // Control endpoints (on the daemon's control socket):
@@ -295,7 +295,7 @@ func ResizeCheck(dataDir, name string, size int64) error {
 }
 
 // DeleteHooks keep replication state in step with volume deletion
-// (pass in daemon.Options.DeleteHooks). A replicated volume is only
+// (pass in daemon.Options.Hooks). A replicated volume is only
 // deleted with force: its replication state (generations, bitmap) goes
 // with it, and the peer keeps its copy and its own configuration.
 var DeleteHooks = daemon.DeleteHooks{

@@ -9,7 +9,8 @@
 #   make deb     bin/vmsan_VERSION_ARCH.deb (dpkg-deb) from `make install`
 #   make fuzz    long fuzzing (FUZZTIME=5m per target by default)
 #   make bench   Go benchmarks
-#   make soak    long-running soak tests (VMSAN_SOAK=1)
+#   make soak    long-running soak tests (VMSAN_SOAK=1): the daemon soak and
+#                100 rounds of the replication fault loop (tests/repl)
 #
 # Output is plain `go test` output so that CI logs end with the summary lines.
 

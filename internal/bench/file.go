@@ -211,7 +211,7 @@ func fsType(path string) string {
 }
 
 // queueKeys are the block-queue settings that change benchmark results
-// (seed 002: rotational and the scheduler made a 10x difference).
+// (rotational and the scheduler can make a 10x difference to a replica applying small writes).
 var queueKeys = []string{"rotational", "scheduler", "read_ahead_kb", "max_sectors_kb", "nr_requests", "logical_block_size", "physical_block_size", "write_cache"}
 
 // blockQueue reads /sys/block/<dev>/queue for the device itself or, for a

@@ -101,7 +101,7 @@ type GnomeSample struct {
 	WriteMBps float64 `json:"write_mb_per_s,omitempty"`
 }
 
-// GnomeResult is the GNOME Disks summary (seed 001's SL 6.4 rows), rates
+// GnomeResult is the GNOME Disks summary (the summary rows GNOME Disks shows), rates
 // in decimal MB/s.
 type GnomeResult struct {
 	Samples    []GnomeSample `json:"samples"`

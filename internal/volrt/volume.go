@@ -89,6 +89,11 @@ func (v *Volume) Meta() volume.Meta {
 // Size is the backend's current size in bytes.
 func (v *Volume) Size() int64 { return v.be.Size() }
 
+// Engine is the volume's engine, for statistics and tests: front ends
+// submit through the devices Acquire hands out, never to it directly
+// (that would bypass the wrapping chain and the gone check).
+func (v *Volume) Engine() *ioengine.Engine { return v.eng }
+
 // EngineStats snapshots the volume's engine counters.
 func (v *Volume) EngineStats() ioengine.Stats { return v.eng.Stats() }
 

@@ -13,10 +13,6 @@ import (
 )
 
 func init() {
-	daemon.RegisterPlugin(driver.NewPlugin)
-	daemon.RegisterDeleteHooks(driver.DeleteHooks)
-	daemon.RegisterResizeCheck(driver.ResizeCheck)
-
 	var dataDir string
 	rc := &cobra.Command{
 		Use:   "repl",

@@ -54,7 +54,7 @@ logged and ignored.`,
 				os.Stdout.Write(b)
 				return nil
 			}
-			d, err := daemon.New(cfg, daemon.Options{Out: os.Stdout})
+			d, err := daemon.New(cfg, daemon.Options{Out: os.Stdout, Plugins: plugins, Hooks: volumeHooks})
 			if err != nil {
 				return err
 			}

@@ -26,7 +26,7 @@ func init() {
 	// withOps opens the data dir (via the daemon's control socket when one
 	// is running) for the duration of fn.
 	withOps := func(fn func(daemon.VolumeOps) error) error {
-		ops, _, err := daemon.OpenVolumeOps(dataDir)
+		ops, _, err := daemon.OpenVolumeOps(dataDir, volumeHooks)
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vmsan/vmsan/internal/alignbuf"
 )
 
 // iovMax is the kernel's IOV_MAX: a vectored call with more buffers is split.
@@ -358,7 +360,7 @@ func (f *File) bounceRead(bufs [][]byte, off, n int64) error {
 	aoff, aend := f.alignOut(off, n)
 	bb := getBounce(int(aend-aoff), f.memAlign)
 	defer putBounce(bb)
-	buf := bb.b
+	buf := *bb
 	got, err := f.rawv(unix.SYS_PREADV, [][]byte{buf}, aoff, 0)
 	if err != nil {
 		return &os.PathError{Op: "preadv", Path: f.path, Err: err}
@@ -379,7 +381,7 @@ func (f *File) bounceWrite(bufs [][]byte, off, n int64, fua bool) error {
 	aoff, aend := f.alignOut(off, n)
 	bb := getBounce(int(aend-aoff), f.memAlign)
 	defer putBounce(bb)
-	buf := bb.b
+	buf := *bb
 	partial := aoff != off || aend != off+n
 	if partial {
 		f.rmwMu.Lock()
@@ -624,64 +626,30 @@ func (f *File) Close() error {
 
 // --- aligned bounce buffers -------------------------------------------------
 
-// bounce is a pooled aligned buffer. Pools are per power-of-two size class
-// (4 KiB .. 32 MiB); bigger requests allocate directly.
-type bounce struct {
-	b     []byte
-	class int // -1 if not pooled
-}
-
-const (
-	minBounceShift = 12
-	maxBounceShift = 25
-)
-
-var bouncePools [maxBounceShift - minBounceShift + 1]sync.Pool
-
 // AlignedBuf returns a zeroed n-byte slice whose first byte's address is a
 // multiple of align, as O_DIRECT requires of memory buffers; align <= 1
-// means no alignment. It over-allocates by align bytes. The NBD server's
-// payload pools and the bench tool use it too.
-func AlignedBuf(n, align int) []byte {
-	if align <= 1 {
-		return make([]byte, n)
-	}
-	raw := make([]byte, n+align)
-	off := (align - int(uintptr(unsafe.Pointer(&raw[0]))%uintptr(align))) % align
-	return raw[off : off+n : off+n]
-}
+// means no alignment. It is alignbuf.Aligned, kept here for the bench tool.
+func AlignedBuf(n, align int) []byte { return alignbuf.Aligned(n, align) }
 
 // alignedBuf is AlignedBuf with at least page alignment, whatever the
 // device reports, so a buffer suits any O_DIRECT file.
 func alignedBuf(n int, align uintptr) []byte {
-	return AlignedBuf(n, max(int(align), 4096))
+	return AlignedBuf(n, max(int(align), alignbuf.Align))
 }
 
-func getBounce(n int, align uintptr) *bounce {
-	shift := bits.Len(uint(n - 1))
-	if shift < minBounceShift {
-		shift = minBounceShift
+// getBounce returns an aligned bounce buffer from the shared pool
+// (alignbuf, the same size classes the front ends' payloads use). A device
+// wanting more than page alignment gets an unpooled buffer (putBounce drops
+// it: its capacity is no size class).
+func getBounce(n int, align uintptr) *[]byte {
+	if align > alignbuf.Align {
+		b := alignedBuf(n, align)
+		return &b
 	}
-	if shift > maxBounceShift || align > 4096 {
-		return &bounce{b: alignedBuf(n, align), class: -1}
-	}
-	c := shift - minBounceShift
-	if v := bouncePools[c].Get(); v != nil {
-		bb := v.(*bounce)
-		bb.b = bb.b[:n]
-		return bb
-	}
-	bb := &bounce{b: alignedBuf(1<<shift, 4096), class: c}
-	bb.b = bb.b[:n]
-	return bb
+	return alignbuf.Get(n)
 }
 
-func putBounce(bb *bounce) {
-	if bb.class >= 0 {
-		bb.b = bb.b[:cap(bb.b)]
-		bouncePools[bb.class].Put(bb)
-	}
-}
+func putBounce(p *[]byte) { alignbuf.Put(p) }
 
 // Prefetch hints the kernel to read [off, off+length) into the page cache
 // (NBD_CMD_CACHE). It is a no-op for cache=none, which bypasses that cache.

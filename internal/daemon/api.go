@@ -6,6 +6,7 @@ import (
 	"syscall"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -113,7 +114,11 @@ type Status struct {
 	Listeners  []string       `json:"listeners"`
 	Metrics    string         `json:"metrics,omitempty"`
 	Volumes    []VolumeStatus `json:"volumes"`
-	// Server is the NBD server's statistics snapshot.
+	// FrontEnds are the front ends' front-end-neutral statistics, with
+	// their connected clients.
+	FrontEnds []volrt.FrontEndStats `json:"front_ends,omitempty"`
+	// Server is the NBD server's statistics snapshot (also in FrontEnds'
+	// detail; kept so existing readers of this field keep working).
 	Server any `json:"server,omitempty"`
 	// Extra holds sections added with Daemon.AddStatus (e.g. "replication").
 	Extra map[string]any `json:"extra,omitempty"`
@@ -122,8 +127,11 @@ type Status struct {
 // VolumeStatus is one volume in Status.
 type VolumeStatus struct {
 	VolumeInfo
-	Connections int          `json:"connections"`
-	Engine      *EngineStats `json:"engine,omitempty"`
+	// Connections counts clients over all front ends; Clients lists them
+	// (front end, address, since when).
+	Connections int             `json:"connections"`
+	Clients     []volrt.Session `json:"clients,omitempty"`
+	Engine      *EngineStats    `json:"engine,omitempty"`
 }
 
 // APIError is the JSON body of every non-2xx reply.

@@ -168,8 +168,9 @@ type VolumeOps interface {
 // OpenVolumeOps returns VolumeOps for dataDir: through the running daemon
 // when its control socket answers (so resize/delete respect live exports),
 // otherwise directly on the directory (taking its lock, so a daemon cannot
-// start meanwhile). viaDaemon says which.
-func OpenVolumeOps(dataDir string) (ops VolumeOps, viaDaemon bool, err error) {
+// start meanwhile). viaDaemon says which. hooks (pass the daemon's
+// Options.Hooks) apply to deletes and resizes done directly.
+func OpenVolumeOps(dataDir string, hooks ...VolumeHooks) (ops VolumeOps, viaDaemon bool, err error) {
 	if c, err := Dial(dataDir); err == nil {
 		return c, true, nil
 	}
@@ -180,12 +181,15 @@ func OpenVolumeOps(dataDir string) (ops VolumeOps, viaDaemon bool, err error) {
 		}
 		return nil, false, err
 	}
-	return directOps{s}, false, nil
+	return directOps{s, mergeHooks(hooks)}, false, nil
 }
 
 // directOps works on the store with no daemon. Nothing is exported then, so
 // in-use checks are vacuous.
-type directOps struct{ s *volume.Store }
+type directOps struct {
+	s     *volume.Store
+	hooks VolumeHooks
+}
 
 func (o directOps) vi(m volume.Meta) VolumeInfo {
 	vi := VolumeInfo{Meta: m, Path: o.s.RawPath(m.Name), Allocated: allocatedBytes(o.s.RawPath(m.Name))}
@@ -217,7 +221,7 @@ func (o directOps) Info(name string) (VolumeInfo, error) {
 }
 
 func (o directOps) Resize(name string, size int64, force bool) (VolumeInfo, error) {
-	if err := checkResize(o.s.Dir(), name, size); err != nil {
+	if err := checkResize(o.hooks.Resize, o.s.Dir(), name, size); err != nil {
 		return VolumeInfo{}, err
 	}
 	m, err := o.s.Resize(name, size, force)
@@ -233,13 +237,13 @@ func (o directOps) Delete(name string, force bool) error {
 	if _, err := o.s.Get(name); err != nil {
 		return err
 	}
-	if err := checkDeleteHooks(o.s.Dir(), name, force); err != nil {
+	if err := checkDeleteHooks(o.hooks.Delete, o.s.Dir(), name, force); err != nil {
 		return err
 	}
 	if err := o.s.Delete(name, force); err != nil {
 		return err
 	}
-	runDeletedHooks(o.s.Dir(), name)
+	runDeletedHooks(o.hooks.Delete, o.s.Dir(), name)
 	return nil
 }
 

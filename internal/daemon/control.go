@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/metrics"
+	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -109,7 +110,7 @@ func (d *Daemon) info(m volume.Meta) VolumeInfo {
 	vi := VolumeInfo{Meta: m, Path: d.store.RawPath(m.Name), Allocated: allocatedBytes(d.store.RawPath(m.Name))}
 	if v := (*d.vols.Load())[m.Name]; v != nil {
 		vi.Open = true
-		vi.Exports = v.refs.Load()
+		vi.Exports = v.Refs()
 	} else if err := d.store.CheckRaw(m.Name); err != nil {
 		vi.Problem = err.Error()
 	}
@@ -156,7 +157,7 @@ func (d *Daemon) CreateVolume(o volume.CreateOptions) (VolumeInfo, error) {
 		d.store.Delete(m.Name, true)
 		return VolumeInfo{}, settingsErr(err)
 	}
-	d.publish(func(mm map[string]*vol) { mm[m.Name] = v })
+	d.publish(func(mm map[string]*volrt.Volume) { mm[m.Name] = v })
 	d.log.Info("volume created", "volume", m.Name, "size", m.Size)
 	return d.info(m), nil
 }
@@ -185,7 +186,7 @@ func (d *Daemon) hCreate(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := checkResize(d.cfg.DataDir, name, size); err != nil {
+	if err := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, name, size); err != nil {
 		return VolumeInfo{}, err
 	}
 	m, err := d.store.Resize(name, size, force)
@@ -236,28 +237,27 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		if err != nil {
 			return VolumeInfo{}, fmt.Errorf("settings saved, but the volume still cannot be opened: %w", settingsErr(err))
 		}
-		d.publish(func(mm map[string]*vol) { mm[name] = nv })
+		d.publish(func(mm map[string]*volrt.Volume) { mm[name] = nv })
 		d.log.Info("volume opened after settings change", "volume", name)
 		return d.info(m), nil
 	}
-	old.deleting.Store(true) // same handshake with registry.Open as DeleteVolume
-	if old.refs.Load() > 0 {
-		old.deleting.Store(false)
+	if old.BeginDelete() { // same handshake with registry.Open as DeleteVolume
+		old.AbortDelete()
 		return VolumeInfo{}, fmt.Errorf("volume %s: %w (settings apply when no client is connected)", name, volume.ErrInUse)
 	}
 	prev, err := d.store.Get(name)
 	if err != nil {
-		old.deleting.Store(false)
+		old.AbortDelete()
 		return VolumeInfo{}, err
 	}
 	m, err := d.store.Update(name, s.apply)
 	if err != nil {
-		old.deleting.Store(false)
+		old.AbortDelete()
 		return VolumeInfo{}, err
 	}
 	// Stop the old engine first: the new one must not run beside it on the
 	// same file (its writes would not be ordered against the old one's).
-	if err := old.close(); err != nil {
+	if err := old.Close(); err != nil {
 		d.log.Error("closing volume for reopen", "volume", name, "err", err)
 	}
 	nv, err := openVol(d.store, m, d.engineFor(name), uint32(d.cfg.MaxPayload))
@@ -266,14 +266,14 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		d.store.Update(name, func(mm *volume.Meta) error { *mm = prev; return nil })
 		nv, err2 := openVol(d.store, prev, d.engineFor(name), uint32(d.cfg.MaxPayload))
 		if err2 != nil {
-			d.publish(func(mm map[string]*vol) { delete(mm, name) })
+			d.publish(func(mm map[string]*volrt.Volume) { delete(mm, name) })
 			d.log.Error("volume could not be reopened; not exported", "volume", name, "err", err2)
 		} else {
-			d.publish(func(mm map[string]*vol) { mm[name] = nv })
+			d.publish(func(mm map[string]*volrt.Volume) { mm[name] = nv })
 		}
 		return VolumeInfo{}, settingsErr(err)
 	}
-	d.publish(func(mm map[string]*vol) { mm[name] = nv })
+	d.publish(func(mm map[string]*volrt.Volume) { mm[name] = nv })
 	d.log.Info("volume settings changed", "volume", name, "cache", m.Cache, "rotational", m.Rotational, "read_only", m.ReadOnly)
 	return d.info(m), nil
 }
@@ -300,23 +300,20 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 	defer d.mu.Unlock()
 	v := (*d.vols.Load())[name]
 	if v != nil {
-		if err := checkDeleteHooks(d.cfg.DataDir, name, force); err != nil {
+		if err := checkDeleteHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
 			return err
 		}
-		v.deleting.Store(true) // see registry.Open's INVARIANT
+		v.BeginDelete() // see volrt.Volume.Acquire's INVARIANT
 	}
 	if err := d.store.Delete(name, force); err != nil {
 		if v != nil {
-			v.deleting.Store(false)
+			v.AbortDelete()
 		}
 		return err
 	}
 	if v != nil {
-		v.gone.Store(true)
-		d.publish(func(mm map[string]*vol) { delete(mm, name) })
-		if v.refs.Load() == 0 {
-			v.close()
-		}
+		d.publish(func(mm map[string]*volrt.Volume) { delete(mm, name) })
+		v.MarkGone()
 	}
 	// Plugins let go of the volume (their references keep it open until
 	// then), then per-volume state on disk goes.
@@ -325,7 +322,7 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 			pd.VolumeDeleted(name)
 		}
 	}
-	runDeletedHooks(d.cfg.DataDir, name)
+	runDeletedHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name)
 	d.log.Info("volume deleted", "volume", name, "force", force)
 	return nil
 }
@@ -349,12 +346,15 @@ func (d *Daemon) hDelete(w http.ResponseWriter, r *http.Request) {
 // Status assembles the /v1/status document.
 func (d *Daemon) Status() Status {
 	st := Status{APIVersion: APIVersion, PID: os.Getpid(), DataDir: d.cfg.DataDir}
-	for _, ln := range d.nbdLns {
-		a := ln.Addr()
-		if a.Network() == "unix" {
-			st.Listeners = append(st.Listeners, "unix:"+a.String())
-		} else {
-			st.Listeners = append(st.Listeners, a.String())
+	st.FrontEnds = d.frontEndStats()
+	clients := map[string][]volrt.Session{}
+	for _, fs := range st.FrontEnds {
+		st.Listeners = append(st.Listeners, fs.Listeners...)
+		for _, c := range fs.Clients {
+			clients[c.Volume] = append(clients[c.Volume], c)
+		}
+		if fs.Name == "nbd" {
+			st.Server = fs.Detail // kept for API version 1 readers
 		}
 	}
 	if a := d.MetricsAddr(); a != nil {
@@ -363,14 +363,14 @@ func (d *Daemon) Status() Status {
 	list, _ := d.store.List()
 	vols := *d.vols.Load()
 	for _, m := range list {
-		vs := VolumeStatus{VolumeInfo: d.info(m), Connections: d.connections(m.Name, vols)}
+		cs := clients[m.Name]
+		vs := VolumeStatus{VolumeInfo: d.info(m), Connections: len(cs), Clients: cs}
 		if v := vols[m.Name]; v != nil {
-			es := engineStats(v.eng.Stats())
+			es := engineStats(v.EngineStats())
 			vs.Engine = &es
 		}
 		st.Volumes = append(st.Volumes, vs)
 	}
-	st.Server = d.srv.Stats()
 	d.statusMu.Lock()
 	defer d.statusMu.Unlock()
 	if len(d.statusFn) > 0 {
@@ -380,17 +380,6 @@ func (d *Daemon) Status() Status {
 		}
 	}
 	return st
-}
-
-// connections counts NBD connections to a volume, including those that
-// asked for the empty (default) export name, which the server counts under
-// the name the client sent.
-func (d *Daemon) connections(name string, vols map[string]*vol) int {
-	n := d.srv.Connections(name)
-	if d.defaultExport(vols) == name {
-		n += d.srv.Connections("")
-	}
-	return n
 }
 
 func (d *Daemon) hStatus(w http.ResponseWriter, r *http.Request) {

@@ -1,6 +1,9 @@
-// Package daemon wires vmsan together: volume store -> backend -> I/O engine
-// -> export registry -> NBD listeners, plus the control socket, metrics and
-// signal-driven shutdown.
+// Package daemon wires vmsan together: volume store -> volume runtime
+// (volrt.Volume: backend + I/O engine) -> export registry -> a list of
+// front ends (NBD today; frontEndFactories), plus the control socket,
+// metrics, plugins and signal-driven shutdown. It knows no protocol: each
+// front end implements FrontEnd (daemon/nbd.go for NBD), and adding one is
+// a line in frontEndFactories.
 //
 // Simplest use (what `vmsan serve` does):
 //
@@ -8,15 +11,19 @@
 //	if err != nil { ... }
 //	err = d.Run(ctx) // until ctx is cancelled (SIGTERM), then drains and exits
 //
+// Plugins (replication) and volume hooks are passed in Options; there is
+// no global registration, so a daemon built in a test has exactly what the
+// test passes.
+//
 // New binds every listener before returning, so tests can pass "127.0.0.1:0"
 // and read the real address from NBDAddrs.
 //
-// Shutdown order (Run, after ctx is done): stop the control socket, stop
-// accepting NBD connections and wait for in-flight requests to be replied
-// (server.Shutdown), close each engine (drain + sync) and backend, release
-// the data directory lock. A FLUSH acknowledged before shutdown is durable
-// by then; so is every write acknowledged before it, because engine Close
-// syncs.
+// Shutdown order (Run, after ctx is done): stop the control socket, each
+// front end's Shutdown (NBD: stop accepting connections and wait for
+// in-flight requests to be replied), stop plugins, close each engine
+// (drain + sync) and backend, release the data directory lock. A FLUSH
+// acknowledged before shutdown is durable by then; so is every write
+// acknowledged before it, because engine Close syncs.
 //
 // Reload (reload.go; SIGHUP in `vmsan serve` through HandleReloads) applies
 // a new configuration without dropping clients: new volumes, TLS files, log
@@ -24,13 +31,12 @@
 // (tls.go) so new handshakes pick up rotated certificates.
 //
 // Concurrency: Daemon methods are safe for concurrent use. Control
-// operations that change the set of volumes are serialised by mu; the NBD
-// data path reads an immutable snapshot of the volume map and never takes mu.
+// operations that change the set of volumes are serialised by mu; the data
+// path reads an immutable snapshot of the volume map and never takes mu.
 package daemon
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -49,6 +55,7 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -64,6 +71,32 @@ type Options struct {
 	Logger *slog.Logger
 	// ShutdownTimeout bounds the drain on shutdown (default 30s).
 	ShutdownTimeout time.Duration
+	// Plugins are built (in order) once the volumes are open; `vmsan
+	// serve` passes replication's here (cmd/vmsan/plugins.go). A daemon
+	// built without them has none: there is no global registration.
+	Plugins []PluginFactory
+	// Hooks keep plugins' per-volume state consistent with volume deletion
+	// and refuse resizes they cannot follow (pass the same ones to
+	// OpenVolumeOps).
+	Hooks VolumeHooks
+}
+
+// VolumeHooks are the checks other subsystems (replication) apply to
+// volume deletion and resizing, with or without a running daemon. They are
+// passed explicitly (Options.Hooks, OpenVolumeOps), never registered
+// globally.
+type VolumeHooks struct {
+	Delete []DeleteHooks
+	Resize []ResizeCheck
+}
+
+func mergeHooks(hs []VolumeHooks) VolumeHooks {
+	var out VolumeHooks
+	for _, h := range hs {
+		out.Delete = append(out.Delete, h.Delete...)
+		out.Resize = append(out.Resize, h.Resize...)
+	}
+	return out
 }
 
 // Daemon is a running vmsan node.
@@ -72,16 +105,15 @@ type Daemon struct {
 	opts  Options
 	log   *slog.Logger
 	store *volume.Store
-	srv   *server.Server
-	tls   *serverTLS // nil when TLS is off
+	nbd   *nbdFrontEnd // the NBD entry of frontEnds (NBDAddrs, Server)
+	tls   *serverTLS   // nil when TLS is off
 
 	// mu serialises changes to vols, and guards the fields of cfg that
 	// Reload changes (LogLevel, Volumes, TLS file names); the others are
 	// fixed after New.
 	mu   sync.Mutex
-	vols atomic.Pointer[map[string]*vol] // copy-on-write snapshot
+	vols atomic.Pointer[map[string]*volrt.Volume] // copy-on-write snapshot
 
-	nbdLns    []net.Listener
 	ctlLn     net.Listener
 	ctlSrv    *http.Server
 	ctlMux    *http.ServeMux
@@ -97,16 +129,24 @@ type Daemon struct {
 	reloadMu sync.Mutex     // serialises Reload
 	level    *slog.LevelVar // the log level, when New made the logger
 
-	// plugins are set in New before anything is served, then read-only.
+	// plugins (and their WrapDevice links, wraps) are set in New before
+	// anything is served, then read-only.
 	plugins     []Plugin
+	wraps       []volrt.Wrap
 	pluginsStop sync.Once
+
+	// frontEnds serve the volumes (NBD; iSCSI next): set in New, then
+	// read-only.
+	frontEnds []FrontEnd
+
 	// replMetrics is set by the replication plugin (SetReplicaMetrics).
 	replMetrics atomic.Pointer[replMetricsFn]
 }
 
 // Plugin extends a daemon with per-volume features that live outside this
-// package (replication, internal/repl/driver). Plugins are registered with
-// RegisterPlugin from an init function, so `vmsan serve` needs no wiring.
+// package (replication, internal/repl/driver). `vmsan serve` passes them
+// in Options.Plugins; a daemon built in a test gets exactly the plugins
+// the test passes.
 type Plugin interface {
 	// Start runs once the volumes are open and the control socket is up,
 	// before anything is served. open returns a volume's device without
@@ -135,12 +175,7 @@ type DeleteHooks struct {
 	Deleted func(dataDir, name string)
 }
 
-var deleteHooks []DeleteHooks
-
-// RegisterDeleteHooks adds delete hooks. Call from init only.
-func RegisterDeleteHooks(h DeleteHooks) { deleteHooks = append(deleteHooks, h) }
-
-func checkDeleteHooks(dataDir, name string, force bool) error {
+func checkDeleteHooks(deleteHooks []DeleteHooks, dataDir, name string, force bool) error {
 	for _, h := range deleteHooks {
 		if h.Check != nil {
 			if err := h.Check(dataDir, name, force); err != nil {
@@ -151,7 +186,7 @@ func checkDeleteHooks(dataDir, name string, force bool) error {
 	return nil
 }
 
-func runDeletedHooks(dataDir, name string) {
+func runDeletedHooks(deleteHooks []DeleteHooks, dataDir, name string) {
 	for _, h := range deleteHooks {
 		if h.Deleted != nil {
 			h.Deleted(dataDir, name)
@@ -164,12 +199,7 @@ func runDeletedHooks(dataDir, name string) {
 // replicated volume, whose two copies must stay the same size.
 type ResizeCheck func(dataDir, name string, size int64) error
 
-var resizeChecks []ResizeCheck
-
-// RegisterResizeCheck adds a resize check. Call from init only.
-func RegisterResizeCheck(c ResizeCheck) { resizeChecks = append(resizeChecks, c) }
-
-func checkResize(dataDir, name string, size int64) error {
+func checkResize(resizeChecks []ResizeCheck, dataDir, name string, size int64) error {
 	for _, c := range resizeChecks {
 		if err := c(dataDir, name, size); err != nil {
 			return err
@@ -182,13 +212,8 @@ func checkResize(dataDir, name string, size int64) error {
 // nil, nil when the plugin has nothing to do.
 type PluginFactory func(cfg config.Config, log *slog.Logger) (Plugin, error)
 
-var pluginFactories []PluginFactory
-
-// RegisterPlugin adds a plugin factory. Call from init only.
-func RegisterPlugin(f PluginFactory) { pluginFactories = append(pluginFactories, f) }
-
 func (d *Daemon) startPlugins() error {
-	for _, f := range pluginFactories {
+	for _, f := range d.opts.Plugins {
 		p, err := f(d.cfg, d.log)
 		if err != nil {
 			return err
@@ -197,6 +222,7 @@ func (d *Daemon) startPlugins() error {
 			continue
 		}
 		d.plugins = append(d.plugins, p)
+		d.wraps = append(d.wraps, p.WrapDevice)
 		if err := p.Start(d, func(name string) (export.Device, error) { return registry{d}.open(name, false) }); err != nil {
 			return err
 		}
@@ -236,7 +262,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
 	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
-	empty := map[string]*vol{}
+	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
 	defer func() {
 		if err != nil {
@@ -269,26 +295,15 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	if d.tls, err = newServerTLS(cfg.TLS); err != nil {
 		return nil, err
 	}
-	var tlsCfg *tls.Config
-	if d.tls != nil {
-		tlsCfg = d.tls.base()
-	}
-	d.srv = server.New(server.Config{
-		Registry:   registry{d},
-		TLSConfig:  tlsCfg,
-		TLSMode:    tlsMode(cfg.TLS.Mode),
-		MaxPayload: uint32(cfg.MaxPayload),
-		Logger:     log,
-	})
-	for _, l := range cfg.Listeners() {
-		ln, err := listen(l)
+	// Front ends bind their listeners here, before the control socket and
+	// plugins, so a listener that cannot be bound fails New before
+	// replication starts talking to its peer.
+	for _, newFE := range frontEndFactories {
+		fe, err := newFE(d)
 		if err != nil {
 			return nil, err
 		}
-		d.nbdLns = append(d.nbdLns, ln)
-		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > maxSunPath {
-			log.Warn("NBD socket path is longer than sun_path (107 bytes); most clients cannot connect to it, use --listen unix:SHORTER_PATH", "path", p)
-		}
+		d.frontEnds = append(d.frontEnds, fe)
 	}
 	if err = d.startControl(); err != nil {
 		return nil, err
@@ -340,7 +355,7 @@ func (d *Daemon) ensureVolumes() error {
 			// and its size or settings are not touched until repaired.
 			continue
 		case int64(cv.Size) > m.Size:
-			if cerr := checkResize(d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
+			if cerr := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
 				// Serve at the old size rather than refuse to start.
 				d.log.Error("not growing volume to its configured size", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size), "err", cerr)
 				break
@@ -422,7 +437,7 @@ func (d *Daemon) openAll() error {
 	if err != nil {
 		d.log.Error("some volumes have unreadable metadata; not exporting them", "err", err)
 	}
-	m := map[string]*vol{}
+	m := map[string]*volrt.Volume{}
 	for _, meta := range list {
 		if err := d.store.CheckRaw(meta.Name); err != nil {
 			// Never serve (or let replication "resync") a file that is not
@@ -442,9 +457,9 @@ func (d *Daemon) openAll() error {
 }
 
 // publish replaces the volume map snapshot. REQUIRES: d.mu held.
-func (d *Daemon) publish(fn func(m map[string]*vol)) {
+func (d *Daemon) publish(fn func(m map[string]*volrt.Volume)) {
 	old := *d.vols.Load()
-	n := make(map[string]*vol, len(old)+1)
+	n := make(map[string]*volrt.Volume, len(old)+1)
 	for k, v := range old {
 		n[k] = v
 	}
@@ -456,7 +471,7 @@ func (d *Daemon) publish(fn func(m map[string]*vol)) {
 // reads atomics.
 func (d *Daemon) inUse(name string) bool {
 	v := (*d.vols.Load())[name]
-	return v != nil && v.refs.Load() > 0
+	return v != nil && v.Refs() > 0
 }
 
 // resizeHook is the store's Resize hook: an open volume is resized through
@@ -466,13 +481,7 @@ func (d *Daemon) resizeHook(name string, size int64) (bool, error) {
 	if v == nil {
 		return false, nil
 	}
-	if err := v.be.Resize(size); err != nil {
-		return true, err
-	}
-	v.mu.Lock()
-	v.meta.Size = size
-	v.mu.Unlock()
-	return true, nil
+	return true, v.Resize(size)
 }
 
 // NBDSocketMode is the mode of NBD Unix sockets: owner and group may
@@ -549,13 +558,7 @@ type unixListener struct {
 func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
 
 // NBDAddrs returns the bound NBD listener addresses in configuration order.
-func (d *Daemon) NBDAddrs() []net.Addr {
-	out := make([]net.Addr, len(d.nbdLns))
-	for i, ln := range d.nbdLns {
-		out[i] = ln.Addr()
-	}
-	return out
-}
+func (d *Daemon) NBDAddrs() []net.Addr { return d.nbd.addrs() }
 
 // MetricsAddr is the bound metrics address, or nil.
 func (d *Daemon) MetricsAddr() net.Addr {
@@ -572,7 +575,7 @@ func (d *Daemon) ControlPath() string { return filepath.Join(d.cfg.DataDir, Cont
 func (d *Daemon) Store() *volume.Store { return d.store }
 
 // Server is the NBD server (for its statistics).
-func (d *Daemon) Server() *server.Server { return d.srv }
+func (d *Daemon) Server() *server.Server { return d.nbd.srv }
 
 // Handle registers an extra control API endpoint (Go 1.22 ServeMux pattern,
 // e.g. "POST /v1/volumes/{name}/promote"). Call before Run.
@@ -586,8 +589,26 @@ func (d *Daemon) AddStatus(key string, fn func() any) {
 	d.statusMu.Unlock()
 }
 
-// Banner writes how to use the daemon: QEMU options and nbdinfo URLs for the
-// default export, on the first TCP and first Unix listener.
+// bannerExport is the volume the banner shows: the default export, else
+// the first by name; "" when there are no volumes.
+func (d *Daemon) bannerExport() string {
+	vols := *d.vols.Load()
+	if exp := d.defaultExport(vols); exp != "" {
+		return exp
+	}
+	names := make([]string, 0, len(vols))
+	for n := range vols {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(names) > 0 {
+		return names[0]
+	}
+	return ""
+}
+
+// Banner writes how to use the daemon: the volumes, then each front end's
+// lines (QEMU options and nbdinfo URLs for NBD).
 func (d *Daemon) Banner(w io.Writer) {
 	vols := *d.vols.Load()
 	names := make([]string, 0, len(vols))
@@ -595,59 +616,19 @@ func (d *Daemon) Banner(w io.Writer) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	exp := d.defaultExport(vols)
-	if exp == "" && len(names) > 0 {
-		exp = names[0]
-	}
+	exp := d.bannerExport()
 	fmt.Fprintf(w, "vmsan: serving %d volume(s) from %s: %s\n", len(names), d.cfg.DataDir, strings.Join(names, ", "))
 	if exp == "" {
 		fmt.Fprintf(w, "vmsan: no volumes; create one with: vmsan volume create NAME --size 20G --data-dir %s\n", d.cfg.DataDir)
 		return
 	}
 	if v := vols[exp]; v != nil {
-		v.mu.Lock()
-		cache := v.meta.Cache
-		v.mu.Unlock()
-		fmt.Fprintf(w, "vmsan: volume %q is %s (%d bytes), cache=%s\n", exp, volume.HumanSize(v.be.Size()), v.be.Size(), cache)
+		fmt.Fprintf(w, "vmsan: volume %q is %s (%d bytes), cache=%s\n", exp, volume.HumanSize(v.Size()), v.Size(), v.Meta().Cache)
 	}
-	var tcp, unix net.Addr
-	for _, ln := range d.nbdLns {
-		switch a := ln.Addr().(type) {
-		case *net.TCPAddr:
-			if tcp == nil {
-				tcp = a
-			}
-		case *net.UnixAddr:
-			if unix == nil {
-				unix = a
-			}
+	for _, fe := range d.frontEnds {
+		for _, l := range fe.BannerLines() {
+			fmt.Fprintln(w, l)
 		}
-	}
-	scheme := "nbd"
-	if d.cfg.TLS.Mode == "required" {
-		scheme = "nbds"
-	}
-	if tcp != nil {
-		ta := tcp.(*net.TCPAddr)
-		host := ta.IP.String()
-		if ta.IP.IsUnspecified() {
-			host = "127.0.0.1"
-		}
-		hp := net.JoinHostPort(host, fmt.Sprint(ta.Port))
-		fmt.Fprintf(w, "\nUse it from QEMU with:\n")
-		fmt.Fprintf(w, "  -drive file=%s://%s/%s,format=raw,if=virtio,cache=none\n", scheme, hp, exp)
-		fmt.Fprintf(w, "or:\n")
-		fmt.Fprintf(w, "  -blockdev driver=nbd,server.type=inet,server.host=%s,server.port=%d,export=%s,node-name=disk0\n", host, ta.Port, exp)
-		fmt.Fprintf(w, "Inspect it with:\n")
-		fmt.Fprintf(w, "  nbdinfo %s://%s/%s\n", scheme, hp, exp)
-	}
-	if unix != nil {
-		sock := unix.String()
-		if abs, err := filepath.Abs(sock); err == nil {
-			sock = abs
-		}
-		fmt.Fprintf(w, "Over the Unix socket:\n")
-		fmt.Fprintf(w, "  nbdinfo 'nbd+unix:///%s?socket=%s'\n", exp, sock)
 	}
 	fmt.Fprintf(w, "Control: vmsan status --data-dir %s\n", d.cfg.DataDir)
 }
@@ -656,12 +637,12 @@ func (d *Daemon) Banner(w io.Writer) {
 // doc). It returns nil after a clean shutdown.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.Banner(d.opts.Out)
-	for _, ln := range d.nbdLns {
-		go func(ln net.Listener) {
-			if err := d.srv.Serve(ln); err != nil && !d.closed.Load() {
-				d.serveErr <- fmt.Errorf("nbd listener %s: %w", ln.Addr(), err)
+	for _, fe := range d.frontEnds {
+		go func(fe FrontEnd) {
+			if err := fe.Serve(ctx); err != nil && !d.closed.Load() {
+				d.serveErr <- err
 			}
-		}(ln)
+		}(fe)
 	}
 	go d.ctlSrv.Serve(d.ctlLn)
 	if d.metrics != nil {
@@ -697,9 +678,9 @@ func (d *Daemon) Shutdown() error {
 	if d.ctlSrv != nil {
 		d.ctlSrv.Shutdown(ctx)
 	}
-	if d.srv != nil {
-		if err := d.srv.Shutdown(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("nbd server shutdown: %w", err))
+	for _, fe := range d.frontEnds {
+		if err := fe.Shutdown(ctx); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if d.metrics != nil {
@@ -724,11 +705,8 @@ func (d *Daemon) closeAll() error {
 	if err := d.stopPlugins(); err != nil {
 		errs = append(errs, err)
 	}
-	for _, ln := range d.nbdLns {
-		ln.Close() // already closed by server.Shutdown normally; harmless
-		if a, ok := ln.Addr().(*net.UnixAddr); ok {
-			os.Remove(a.Name)
-		}
+	for _, fe := range d.frontEnds {
+		fe.Close()
 	}
 	if d.ctlLn != nil {
 		d.ctlLn.Close()
@@ -739,7 +717,7 @@ func (d *Daemon) closeAll() error {
 	}
 	if p := d.vols.Load(); p != nil {
 		for name, v := range *p {
-			if err := v.close(); err != nil {
+			if err := v.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("volume %s: close: %w", name, err))
 			}
 		}

@@ -84,6 +84,7 @@ func PrintStatus(w io.Writer, s Status) {
 			usec(e.LatencyP50us), usec(e.LatencyP99us))
 	}
 	tw.Flush()
+	printClients(w, s.Volumes)
 	for k, v := range s.Extra {
 		b, _ := json.MarshalIndent(v, "  ", "  ")
 		fmt.Fprintf(w, "\n%s:\n  %s\n", k, b)
@@ -100,4 +101,26 @@ func usec(us float64) string {
 	default:
 		return fmt.Sprintf("%.1fms", us/1000)
 	}
+}
+
+// printClients lists the connected clients per volume: front end, address
+// and since when (how long ago).
+func printClients(w io.Writer, vols []VolumeStatus) {
+	n := 0
+	for _, v := range vols {
+		n += len(v.Clients)
+	}
+	if n == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VOLUME\tFRONT END\tCLIENT\tCONNECTED SINCE")
+	for _, v := range vols {
+		for _, c := range v.Clients {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s (%s ago)\n", v.Name, c.FrontEnd, c.Remote,
+				c.Since.Local().Format(time.DateTime), time.Since(c.Since).Truncate(time.Second))
+		}
+	}
+	tw.Flush()
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 func (d *Daemon) startMetrics() error {
@@ -47,13 +48,17 @@ type metricsSource struct{ d *Daemon }
 
 func (s metricsSource) Volumes() []metrics.Volume {
 	vols := *s.d.vols.Load()
+	conns := map[string]int{}
+	for _, fe := range s.d.frontEnds {
+		for _, c := range fe.Stats().Clients {
+			conns[c.Volume]++
+		}
+	}
 	out := make([]metrics.Volume, 0, len(vols))
 	for name, v := range vols {
-		es := v.eng.Stats()
-		mv := metrics.Volume{Name: name, Size: v.be.Size(), Allocated: allocatedBytes(s.d.store.RawPath(name)), Engine: &es}
-		if s.d.srv != nil {
-			mv.Connections = s.d.connections(name, vols)
-		}
+		es := v.EngineStats()
+		mv := metrics.Volume{Name: name, Size: v.Size(), Allocated: allocatedBytes(s.d.store.RawPath(name)), Engine: &es}
+		mv.Connections = conns[name]
 		out = append(out, mv)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -61,8 +66,11 @@ func (s metricsSource) Volumes() []metrics.Volume {
 }
 
 func (s metricsSource) ServerStats() (server.Stats, bool) {
-	if s.d.srv == nil {
+	if s.d.nbd == nil {
 		return server.Stats{}, false
 	}
-	return s.d.srv.Stats(), true
+	return s.d.nbd.srv.Stats(), true
 }
+
+// FrontEnds implements metrics.FrontEndSource.
+func (s metricsSource) FrontEnds() []volrt.FrontEndStats { return s.d.frontEndStats() }

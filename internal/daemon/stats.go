@@ -2,18 +2,7 @@ package daemon
 
 import (
 	"github.com/vmsan/vmsan/internal/ioengine"
-	"github.com/vmsan/vmsan/internal/nbd/server"
 )
-
-func tlsMode(s string) server.TLSMode {
-	switch s {
-	case "optional":
-		return server.TLSOptional
-	case "required":
-		return server.TLSRequired
-	}
-	return server.TLSOff
-}
 
 // EngineStats is a volume's I/O engine counters as the control API reports
 // them: the raw snapshot plus the derived figures people look at first.

@@ -1,6 +1,19 @@
 // Package export is the seam between protocol front ends (NBD, iSCSI) and
 // the volumes they serve. A front end looks a Device up by name in a
 // Registry, reads its Info once per connection, and submits requests.
+//
+// Simplest use (a front end):
+//
+//	dev, err := reg.Open(name) // a reference is held
+//	defer dev.Release()
+//	info := dev.Info()
+//	dev.Submit(req)            // req.Done is called exactly once
+//
+// The production Device is volrt.Volume's (daemon's registry hands it
+// out); replication's driver wraps it, which is why the interfaces live
+// here, below both. Tests use export/exporttest.
+//
+// Concurrency: implementations are safe for concurrent use.
 package export
 
 import (

@@ -26,6 +26,17 @@
 //	nbd_hole_chunks_total, nbd_inflight_requests
 //	build_info{version, goversion, revision} (always 1)
 //
+// Front ends, protocol-neutral (when the Source also implements
+// FrontEndSource; NBD is frontend="nbd", iSCSI will add its own):
+//
+//	frontend_connections_accepted_total, frontend_connections_active  {frontend}
+//	frontend_requests_total, frontend_error_replies_total             {frontend}
+//	frontend_bytes_total                                              {frontend, direction}
+//	frontend_volume_clients                                           {frontend, volume}
+//
+// Client addresses are not labels (unbounded cardinality): `vmsan status`
+// and /v1/status list them.
+//
 // Replication (one set per replicated volume, when the Source also
 // implements ReplicaSource). States are enum gauges: one series per
 // possible state, 1 for the current one and 0 for the others; peer states
@@ -60,6 +71,7 @@ import (
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 // Volume is one volume's snapshot.
@@ -92,6 +104,12 @@ type Replica struct {
 // ReplicaSource is implemented by Sources that have replicated volumes.
 type ReplicaSource interface {
 	Replicas() []Replica
+}
+
+// FrontEndSource is implemented by Sources that report front ends
+// (daemon's: one entry per front end in its list).
+type FrontEndSource interface {
+	FrontEnds() []volrt.FrontEndStats
 }
 
 // Source supplies snapshots at scrape time.
@@ -133,7 +151,7 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	dVolSize   = desc("volume_size_bytes", "Volume size in bytes.", "volume")
 	dVolAlloc  = desc("volume_allocated_bytes", "Bytes allocated to the volume's sparse file on the host filesystem.", "volume")
-	dVolConns  = desc("volume_connections", "NBD connections currently open to the volume.", "volume")
+	dVolConns  = desc("volume_connections", "Client connections (all front ends) currently open to the volume.", "volume")
 	dReqs      = desc("engine_requests_total", "Requests accepted by the volume's I/O engine.", "volume", "op")
 	dOps       = desc("engine_backend_ops_total", "Backend calls made by the I/O engine (a merged run counts once).", "volume", "op")
 	dMerged    = desc("engine_merged_requests_total", "Requests that shared a backend call with another request.", "volume")
@@ -171,7 +189,14 @@ var (
 	dRDisc     = desc("repl_disconnects_total", "Replication disconnects by reason kind.", "volume", "reason")
 	dRAckLat   = desc("repl_peer_ack_latency_seconds", "Time from sending a replicated write to the peer's first ack.", "volume")
 
-	allDescs = []*prometheus.Desc{dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
+	dFEAccepted = desc("frontend_connections_accepted_total", "Connections accepted by the front end.", "frontend")
+	dFEActive   = desc("frontend_connections_active", "Connections open now on the front end.", "frontend")
+	dFEReqs     = desc("frontend_requests_total", "Requests received by the front end.", "frontend")
+	dFEErrs     = desc("frontend_error_replies_total", "Replies carrying an error.", "frontend")
+	dFEBytes    = desc("frontend_bytes_total", "Payload bytes (read = sent to clients, write = received).", "frontend", "direction")
+	dFEClients  = desc("frontend_volume_clients", "Clients using the volume through the front end now.", "frontend", "volume")
+
+	allDescs = []*prometheus.Desc{dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
 		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
 	opNames  = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
 	cmdNames = [8]string{}
@@ -256,6 +281,23 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- histogram(dLatency, e.Latency, 1e9, v.Name)
 		ch <- histogram(dWriteSize, e.WriteSizes, 1, v.Name)
 		ch <- histogram(dReadSize, e.ReadSizes, 1, v.Name)
+	}
+	if fs, ok := c.src.(FrontEndSource); ok {
+		for _, f := range fs.FrontEnds() {
+			counter(dFEAccepted, f.Accepted, f.Name)
+			gauge(dFEActive, float64(f.Active), f.Name)
+			counter(dFEReqs, f.Requests, f.Name)
+			counter(dFEErrs, f.ErrorReplies, f.Name)
+			counter(dFEBytes, f.BytesRead, f.Name, "read")
+			counter(dFEBytes, f.BytesWritten, f.Name, "write")
+			per := map[string]int{}
+			for _, cl := range f.Clients {
+				per[cl.Volume]++
+			}
+			for vol, n := range per {
+				gauge(dFEClients, float64(n), f.Name, vol)
+			}
+		}
 	}
 	if rs, ok := c.src.(ReplicaSource); ok {
 		for _, r := range rs.Replicas() {

@@ -1,6 +1,7 @@
 // Package exporttest provides export.Device and export.Registry
-// implementations over a real I/O engine, for tests of front ends (NBD,
-// iSCSI) that want the production data path without the volume store.
+// implementations over the production runtime (volrt.Volume: a real I/O
+// engine over a backend), for tests of front ends (NBD, iSCSI) that want
+// the production data path without the volume store.
 //
 // Simplest use:
 //
@@ -22,27 +23,48 @@ import (
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/testutil"
+	"github.com/vmsan/vmsan/internal/volrt"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
-// Device is an export.Device over an Engine and its Backend.
+// Device is an export.Device over the production runtime device (a
+// volrt.Volume over a backend), with an Info the test may adjust (Meta).
 type Device struct {
+	// Volume is the runtime volume serving the I/O; Engine and Backend
+	// are its engine and backend (for statistics and direct checks).
+	Volume  *volrt.Volume
 	Engine  *ioengine.Engine
 	Backend backend.Backend
 	// Meta is returned by Info with Size replaced by the backend's size.
 	Meta export.Info
+	dev  export.Device // held for the Device's life
 	refs atomic.Int64
 }
 
-// NewDevice wraps an engine already driving b.
-func NewDevice(name string, e *ioengine.Engine, b backend.Backend) *Device {
-	return &Device{Engine: e, Backend: b, Meta: export.Info{
+// NewDevice runs a volrt.Volume over b (which it then owns) and returns a
+// Device serving it; t.Cleanup closes the volume (engine drain + sync,
+// backend close) and reports a failure to close.
+func NewDevice(t testing.TB, name string, b backend.Backend) *Device {
+	t.Helper()
+	v := volrt.New(volume.Meta{Name: name, Size: b.Size()}, b, ioengine.Config{}, 32<<20)
+	dev, err := v.Acquire(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dev.Release()
+		if err := v.Close(); err != nil {
+			t.Errorf("volume close: %v", err)
+		}
+	})
+	return &Device{Volume: v, Engine: v.Engine(), Backend: b, dev: dev, Meta: export.Info{
 		Name: name, CanMultiConn: true, MinBlock: 1, PrefBlock: 4096, MaxBlock: 32 << 20,
 	}}
 }
 
 // NewFileDevice creates a sparse file of size bytes in a disk-backed temp
 // dir (testutil.DiskTempDir, so cache=none works where /tmp is tmpfs), opens
-// it with mode, and starts an engine on it; t.Cleanup closes both.
+// it with mode, and serves it (NewDevice); t.Cleanup closes it.
 func NewFileDevice(t testing.TB, name string, size int64, mode backend.CacheMode) *Device {
 	t.Helper()
 	p := filepath.Join(testutil.DiskTempDir(t), name+".raw")
@@ -53,16 +75,7 @@ func NewFileDevice(t testing.TB, name string, size int64, mode backend.CacheMode
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := ioengine.New(f, ioengine.Config{})
-	t.Cleanup(func() {
-		if err := e.Close(); err != nil {
-			t.Errorf("engine close: %v", err)
-		}
-		if err := f.Close(); err != nil {
-			t.Errorf("backend close: %v", err)
-		}
-	})
-	d := NewDevice(name, e, f)
+	d := NewDevice(t, name, f)
 	if mode == backend.CacheNone {
 		d.Meta.MinBlock = uint32(max(f.Alignment(), 1))
 	}
@@ -72,10 +85,7 @@ func NewFileDevice(t testing.TB, name string, size int64, mode backend.CacheMode
 // NewMemDevice is NewFileDevice over backend.Mem.
 func NewMemDevice(t testing.TB, name string, size int64) *Device {
 	t.Helper()
-	m := backend.NewMem(size)
-	e := ioengine.New(m, ioengine.Config{})
-	t.Cleanup(func() { e.Close() })
-	return NewDevice(name, e, m)
+	return NewDevice(t, name, backend.NewMem(size))
 }
 
 // Info implements export.Device.
@@ -85,12 +95,12 @@ func (d *Device) Info() export.Info {
 	return in
 }
 
-// Submit implements export.Device.
-func (d *Device) Submit(r *ioengine.Request) { d.Engine.Submit(r) }
+// Submit implements export.Device (through the runtime's device).
+func (d *Device) Submit(r *ioengine.Request) { d.dev.Submit(r) }
 
-// Extents implements export.Device.
+// Extents implements export.Device (through the runtime's device).
 func (d *Device) Extents(off, length int64) ([]backend.Extent, error) {
-	return d.Backend.Extents(off, length)
+	return d.dev.Extents(off, length)
 }
 
 // Release implements export.Device.

@@ -17,8 +17,15 @@
 // (Config.MaxInflight) and payload bytes (Config.MaxInflightBytes) per
 // connection are bounded; when a bound is reached the reader stops reading,
 // which pushes back on the client through TCP instead of growing memory.
-// Payload buffers come from 4096-aligned size-class pools, so steady-state
-// READ/WRITE handling does not allocate.
+// Payload buffers come from the runtime's 4096-aligned size-class pool
+// (volrt.GetBuf), so steady-state READ/WRITE handling does not allocate.
+//
+// This package is the NBD codec and session logic only: the request life
+// cycle with the engine (volrt.Lifecycle), error classification
+// (volrt.Errno), hole splitting (volrt.SplitHoles) and the in-flight byte
+// budget (volrt.Budget) are the volume runtime's, shared with every front
+// end. Config.Sessions records connected clients for front-end-neutral
+// status.
 //
 // Concurrency: all Server methods are safe for concurrent use. Serve may be
 // called on several listeners at once (TCP and Unix sockets alike).
@@ -60,7 +67,7 @@
 //   - WRITE_ZEROES with FAST_ZERO fails with ENOTSUP when the backend says
 //     backend.ErrNotFast. TRIM with FUA is followed by a FLUSH before the
 //     reply.
-//   - Backend errors map to ENOSPC (ENOSPC, EDQUOT, EFBIG), EPERM (EPERM,
+//   - Backend errors (classified by volrt.Errno) map to ENOSPC (ENOSPC, EDQUOT, EFBIG), EPERM (EPERM,
 //     EROFS, EACCES), EINVAL, ENOMEM, ENOTSUP, ESHUTDOWN, else EIO.
 //
 // Not implemented: oldstyle negotiation, EXTENDED_HEADERS (64-bit

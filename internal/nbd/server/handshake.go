@@ -108,8 +108,22 @@ func (c *conn) serve() {
 	}
 	c.s.addExportConn(c.exportName, 1)
 	defer c.s.addExportConn(c.exportName, -1)
+	id := c.s.cfg.Sessions.Add(c.info.Name, remoteName(c.nc))
+	defer c.s.cfg.Sessions.Remove(id)
 	defer c.dev.Release()
 	c.transmit()
+}
+
+// remoteName is the client address for status: the peer's address, or for
+// a Unix socket client (which has none) the socket it came in on.
+func remoteName(nc net.Conn) string {
+	if a := nc.RemoteAddr(); a != nil && a.String() != "" && a.String() != "@" {
+		return a.String()
+	}
+	if a := nc.LocalAddr(); a != nil && a.Network() == "unix" {
+		return "unix:" + a.String()
+	}
+	return "unknown"
 }
 
 func (c *conn) write(b []byte) error {

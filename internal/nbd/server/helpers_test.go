@@ -101,7 +101,7 @@ func newTestDev(name string, size int64) *testDev {
 }
 
 // startServer serves reg on an ephemeral TCP port and returns the address.
-func startServer(t *testing.T, cfg Config) (*Server, string) {
+func startServer(t testing.TB, cfg Config) (*Server, string) {
 	t.Helper()
 	srv := New(cfg)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -128,12 +128,12 @@ func startServer(t *testing.T, cfg Config) (*Server, string) {
 
 // rawClient is a hand-driven NBD client for protocol tests.
 type rawClient struct {
-	t  *testing.T
+	t  testing.TB
 	c  net.Conn
 	hs uint16
 }
 
-func dialRaw(t *testing.T, addr string) *rawClient {
+func dialRaw(t testing.TB, addr string) *rawClient {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 // TLSMode selects the spec's TLS mode of operation.
@@ -49,6 +50,9 @@ type Config struct {
 	// requests get NBD_EINVAL.
 	MaxPayload uint32
 	Logger     *slog.Logger
+	// Sessions, if set, records each connection in transmission phase
+	// (volume, client address, since) for front-end-neutral status.
+	Sessions *volrt.Sessions
 
 	// MaxInflight bounds concurrently outstanding requests per connection
 	// (default 256).

@@ -2,19 +2,17 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"io"
 	"net"
 	"os"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"syscall"
 
-	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 type opKind uint8
@@ -39,18 +37,11 @@ type op struct {
 	trimFUA bool
 	r       ioengine.Request
 	doneFn  func(*ioengine.Request)
-	// state decides who replies to an op submitted to the device: the
+	// lc decides who replies to an op submitted to the device: the
 	// reader, if the op completed before Submit returned (inline on the
 	// reader, or on a fast worker), otherwise the writer goroutine.
-	state atomic.Uint32
+	lc volrt.Lifecycle
 }
-
-// op.state values (see op.state).
-const (
-	stSubmitting uint32 = iota + 1 // reader is inside dev.Submit
-	stEarly                        // completed before Submit returned: reader replies
-	stAsync                        // Submit returned first: done() hands to the writer
-)
 
 var opPool = sync.Pool{New: func() any {
 	o := &op{}
@@ -81,38 +72,13 @@ type txState struct {
 	broken bool          // guarded by wmu: a reply write failed
 	dirty  bool          // guarded by wmu: bw holds unflushed replies
 
-	mu        sync.Mutex
-	cond      *sync.Cond
-	used      int64 // payload bytes held
-	limit     int64
-	maxP      uint32 // negotiated max payload (<= cfg.MaxPayload)
+	budget    volrt.Budget // payload bytes held in flight
+	maxP      uint32       // negotiated max payload (<= cfg.MaxPayload)
 	minB      uint64
 	holesFrom int
 	descs     []proto.BlockDescriptor // reply scratch, guarded by wmu
 	hdr       []byte                  // reply scratch, guarded by wmu
-	pieces    []piece                 // reply scratch, guarded by wmu
-}
-
-// reserve blocks until n payload bytes fit in the budget. A single request
-// larger than the whole budget is admitted when nothing else is held, so
-// progress is always possible.
-func (t *txState) reserve(n int64) {
-	t.mu.Lock()
-	for t.used > 0 && t.used+n > t.limit {
-		t.cond.Wait()
-	}
-	t.used += n
-	t.mu.Unlock()
-}
-
-func (t *txState) release(n int64) {
-	if n == 0 {
-		return
-	}
-	t.mu.Lock()
-	t.used -= n
-	t.mu.Unlock()
-	t.cond.Broadcast()
+	pieces    []volrt.Piece           // reply scratch, guarded by wmu
 }
 
 // discardLimit is the largest WRITE payload we skip (to answer EINVAL and
@@ -130,12 +96,11 @@ func (c *conn) transmit() {
 	t := &txState{
 		replies:   make(chan *op, cfg.MaxInflight),
 		slots:     make(chan struct{}, cfg.MaxInflight),
-		limit:     cfg.MaxInflightBytes,
 		maxP:      bs.Max,
 		minB:      uint64(bs.Min),
 		holesFrom: cfg.StructuredReadHoles,
 	}
-	t.cond = sync.NewCond(&t.mu)
+	t.budget.Init(cfg.MaxInflightBytes)
 	t.bw = bufio.NewWriterSize(c.rw, 256<<10)
 	c.tx = t
 	writerDone := make(chan struct{})
@@ -217,9 +182,9 @@ func (c *conn) readPayload(t *txState, br *bufio.Reader, o *op) bool {
 	}
 	// INVARIANT: n <= t.maxP here (check() failed the request otherwise),
 	// so the allocation is bounded by the configured max payload.
-	t.reserve(n)
+	t.budget.Reserve(n)
 	o.nbytes = n
-	o.bufp = getBuf(int(n))
+	o.bufp = volrt.GetBuf(int(n))
 	c.flushBeforeRead(t, int(n))
 	if _, err := io.ReadFull(br, *o.bufp); err != nil {
 		return false
@@ -315,9 +280,9 @@ func (c *conn) dispatch(t *txState, o *op) {
 		}
 		o.kind = kindRead
 		n := int64(req.Length)
-		t.reserve(n)
+		t.budget.Reserve(n)
 		o.nbytes = n
-		o.bufp = getBuf(int(n))
+		o.bufp = volrt.GetBuf(int(n))
 		r.Op, r.Data, r.Inline = ioengine.OpRead, *o.bufp, true
 	case proto.CmdWrite:
 		if req.Length == 0 {
@@ -361,23 +326,16 @@ func (c *conn) dispatch(t *txState, o *op) {
 	// decides; see ioengine.Request.Inline): blocking the reader for one
 	// fast backend call is cheaper than two goroutine hand-offs, and a
 	// slow backend makes the engine use its workers instead.
-	// Idle: no further request is buffered, so the client is likely
-	// waiting for this one (queue depth 1) and blocking the reader for a
-	// slower call loses no pipelining.
-	// More: another request is already buffered, so the engine's write
-	// gathering knows this connection's stream continues at once (it
-	// then holds a sequential run past its timed backstop; see
-	// ioengine.Request.More).
-	r.More = t.br.Buffered() >= proto.RequestSize
-	r.Idle = r.Inline && !r.More
-	o.state.Store(stSubmitting)
-	c.dev.Submit(r)
-	if !o.state.CompareAndSwap(stSubmitting, stAsync) {
+	// more: another request is already buffered, so the engine's write
+	// gathering knows this connection's stream continues at once;
+	// otherwise the client is likely waiting for this one (queue depth
+	// 1). volrt.Lifecycle.Submit turns this into the engine's hints.
+	if o.lc.Submit(c.dev, r, t.br.Buffered() >= proto.RequestSize) {
 		// Completed before Submit returned: done() left the reply to us.
 		c.replyNow(t, o)
 	}
-	// INVARIANT: after a successful CAS to stAsync o belongs to done()
-	// and the writer; it must not be touched here.
+	// INVARIANT: when Submit returns false o belongs to done() and the
+	// writer; it must not be touched here.
 }
 
 // done is the engine completion callback. It must not block: it only
@@ -396,8 +354,8 @@ func (o *op) done(r *ioengine.Request) {
 	if r.Err != nil {
 		o.errno = toErrno(r.Err)
 	}
-	if o.state.CompareAndSwap(stSubmitting, stEarly) {
-		return
+	if o.lc.Complete() {
+		return // the reader, still in Submit, replies
 	}
 	o.c.tx.replies <- o
 }
@@ -462,10 +420,10 @@ func (c *conn) brokenLocked(t *txState, err error) {
 // writer (or by the reader for an op that never got queued).
 func (c *conn) finish(t *txState, o *op) {
 	if o.bufp != nil {
-		putBuf(o.bufp)
+		volrt.PutBuf(o.bufp)
 		o.bufp = nil
 	}
-	t.release(o.nbytes)
+	t.budget.Release(o.nbytes)
 	o.nbytes = 0
 	o.trimFUA = false
 	o.r = ioengine.Request{}
@@ -476,39 +434,32 @@ func (c *conn) finish(t *txState, o *op) {
 	t.wg.Done()
 }
 
-// toErrno maps an engine/backend error onto the spec's error values.
+// toErrno maps an engine/backend error onto the spec's error values: the
+// front-end-neutral class (volrt.Errno) one to one, except errors that
+// already carry an NBD value.
 func toErrno(err error) proto.Errno {
 	var e proto.Errno
-	switch {
-	case errors.As(err, &e):
+	if errors.As(err, &e) {
 		return e
-	case errors.Is(err, backend.ErrNotFast):
+	}
+	switch volrt.Errno(err) {
+	case syscall.EOPNOTSUPP:
 		return proto.ENOTSUP
-	case errors.Is(err, backend.ErrOutOfRange):
-		// The export shrank under a connection that still has the old size.
+	case syscall.EINVAL:
 		return proto.EINVAL
-	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+	case syscall.ENOSPC:
 		return proto.ENOSPC
-	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EACCES):
+	case syscall.EPERM:
 		return proto.EPERM
-	case errors.Is(err, syscall.EINVAL):
-		return proto.EINVAL
-	case errors.Is(err, syscall.ENOMEM):
+	case syscall.ENOMEM:
 		return proto.ENOMEM
-	case errors.Is(err, syscall.ESHUTDOWN):
+	case syscall.ESHUTDOWN:
 		return proto.ESHUTDOWN
-	case errors.Is(err, syscall.EOPNOTSUPP):
-		return proto.ENOTSUP
 	}
 	return proto.EIO
 }
 
 // ---- writer ----------------------------------------------------------------
-
-type piece struct {
-	off, n uint64
-	hole   bool
-}
 
 func (c *conn) writer(t *txState, done chan struct{}) {
 	defer close(done)
@@ -533,19 +484,6 @@ func (c *conn) writer(t *txState, done chan struct{}) {
 		c.flushLocked(t)
 	}
 	t.wmu.Unlock()
-}
-
-var zeroPage [64 << 10]byte
-
-func isZero(b []byte) bool {
-	for len(b) > 0 {
-		n := min(len(b), len(zeroPage))
-		if !bytes.Equal(b[:n], zeroPage[:n]) {
-			return false
-		}
-		b = b[n:]
-	}
-	return true
 }
 
 func (c *conn) writeReply(t *txState, bw *bufio.Writer, o *op) error {
@@ -599,10 +537,10 @@ func (c *conn) structuredRead(t *txState, bw *bufio.Writer, o *op) error {
 	}
 	ps := t.pieces[:0]
 	if req.Flags&proto.CmdFlagDF == 0 && t.holesFrom >= 0 && len(data) >= t.holesFrom {
-		ps = c.readPieces(ps, req.Offset, data)
+		ps = volrt.SplitHoles(ps, c.dev, req.Offset, data)
 	}
 	if len(ps) == 0 {
-		ps = append(ps, piece{off: req.Offset, n: uint64(len(data))})
+		ps = append(ps, volrt.Piece{Off: req.Offset, N: uint64(len(data))})
 	}
 	t.pieces = ps
 	c.s.ctr.bytesRead.Add(uint64(len(data)))
@@ -611,55 +549,24 @@ func (c *conn) structuredRead(t *txState, bw *bufio.Writer, o *op) error {
 		if i == len(ps)-1 {
 			fl = proto.ReplyFlagDone
 		}
-		rel := p.off - req.Offset
-		if p.hole {
+		rel := p.Off - req.Offset
+		if p.Hole {
 			c.s.ctr.holeChunks.Add(1)
-			t.hdr = proto.AppendOffsetHole(t.hdr[:0], fl, req.Cookie, p.off, uint32(p.n))
+			t.hdr = proto.AppendOffsetHole(t.hdr[:0], fl, req.Cookie, p.Off, uint32(p.N))
 			if _, err := bw.Write(t.hdr); err != nil {
 				return err
 			}
 			continue
 		}
-		t.hdr = proto.AppendOffsetDataHeader(t.hdr[:0], fl, req.Cookie, p.off, uint32(p.n))
+		t.hdr = proto.AppendOffsetDataHeader(t.hdr[:0], fl, req.Cookie, p.Off, uint32(p.N))
 		if _, err := bw.Write(t.hdr); err != nil {
 			return err
 		}
-		if _, err := bw.Write(data[rel : rel+p.n]); err != nil {
+		if _, err := bw.Write(data[rel : rel+p.N]); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// readPieces splits a completed read into data and hole pieces using the
-// device's extents. A range is sent as a hole only if the bytes actually
-// read are all zero, so a stale extent answer (a write racing with the
-// read) can never make the client see zeroes instead of data.
-func (c *conn) readPieces(ps []piece, off uint64, data []byte) []piece {
-	exts, err := c.dev.Extents(int64(off), int64(len(data)))
-	if err != nil {
-		return ps[:0]
-	}
-	end := off + uint64(len(data))
-	for _, e := range exts {
-		s, f := max(uint64(e.Offset), off), min(uint64(e.Offset+e.Length), end)
-		if e.Length <= 0 || f <= s {
-			continue
-		}
-		hole := e.Zero && f-s >= 4096 && isZero(data[s-off:f-off])
-		if n := len(ps); n > 0 && ps[n-1].hole == hole && ps[n-1].off+ps[n-1].n == s {
-			ps[n-1].n += f - s
-			continue
-		}
-		if n := len(ps); n > 0 && ps[n-1].off+ps[n-1].n != s {
-			return ps[:0] // extents with gaps: do not trust them
-		}
-		ps = append(ps, piece{off: s, n: f - s, hole: hole})
-	}
-	if len(ps) == 0 || ps[0].off != off || ps[len(ps)-1].off+ps[len(ps)-1].n != end {
-		return ps[:0]
-	}
-	return ps
 }
 
 // blockStatus builds the BLOCK_STATUS reply (or an error chunk) into h.

@@ -21,8 +21,8 @@ import (
 )
 
 // Plugin runs replication inside a vmsan daemon: one Replica per volume
-// that has <data_dir>/repl/<volume>/config.json. Register it with
-// daemon.RegisterPlugin(driver.NewPlugin) (cmd/vmsan/repl.go does).
+// that has <data_dir>/repl/<volume>/config.json. A daemon gets it by
+// passing driver.NewPlugin in daemon.Options.Plugins (cmd/vmsan/plugins.go).
 //
 // Control endpoints (on the daemon's control socket):
 //
@@ -278,8 +278,8 @@ func (p *Plugin) VolumeDeleted(name string) {
 	p.log.Info("replication stopped: volume deleted", "volume", name)
 }
 
-// ResizeCheck refuses to resize a replicated volume (register with
-// daemon.RegisterResizeCheck). Both copies must have the same size: the
+// ResizeCheck refuses to resize a replicated volume (pass in
+// daemon.Options.Hooks). Both copies must have the same size: the
 // handshake refuses to connect a pair whose sizes differ, and a primary
 // grown alone would send writes past the secondary's end. Resizing both
 // sides in step is not implemented; docs/replication.md ("Resizing a
@@ -295,7 +295,7 @@ func ResizeCheck(dataDir, name string, size int64) error {
 }
 
 // DeleteHooks keep replication state in step with volume deletion
-// (register with daemon.RegisterDeleteHooks). A replicated volume is only
+// (pass in daemon.Options.Hooks). A replicated volume is only
 // deleted with force: its replication state (generations, bitmap) goes
 // with it, and the peer keeps its copy and its own configuration.
 var DeleteHooks = daemon.DeleteHooks{

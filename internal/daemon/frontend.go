@@ -1,0 +1,66 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/vmsan/vmsan/internal/volrt"
+)
+
+// FrontEnd is a protocol server over the daemon's volumes (NBD; iSCSI
+// next). The daemon builds every entry of frontEndFactories in New, starts
+// them in Run, stops them first in Shutdown, and reads their Stats for
+// status and metrics; it knows nothing else about any protocol.
+//
+// Concurrency: Stats and BannerLines may be called concurrently with
+// Serve; Shutdown is called once, after or concurrently with Serve.
+type FrontEnd interface {
+	// Name is the front end's short name ("nbd"): the status section and
+	// the metrics label.
+	Name() string
+	// Serve serves until Shutdown (then returns nil) or until a listener
+	// fails (returns the error; the daemon then shuts down).
+	Serve(ctx context.Context) error
+	// Shutdown stops accepting, lets in-flight requests complete and be
+	// answered, and releases the listeners. Bounded by ctx.
+	Shutdown(ctx context.Context) error
+	// Stats is the front-end-neutral snapshot (clients included).
+	Stats() volrt.FrontEndStats
+	// BannerLines are printed at start-up after the volume summary: how a
+	// user connects (QEMU options, URLs).
+	BannerLines() []string
+	// Close releases listeners without draining (unwinding a failed New
+	// or after Shutdown). Idempotent.
+	Close()
+}
+
+// frontEndFactories builds the daemon's front ends, in banner order. A
+// front end is added with one line here (and its factory, next to nbd.go).
+// Factories run in New once the volumes are open and TLS is loaded,
+// before the control socket and plugins start; they bind their listeners
+// but serve nothing until Serve.
+var frontEndFactories = []func(d *Daemon) (FrontEnd, error){
+	newNBDFrontEnd,
+}
+
+// FrontEnds returns the daemon's front ends (read-only after New).
+func (d *Daemon) FrontEnds() []FrontEnd { return d.frontEnds }
+
+// frontEndStats snapshots every front end.
+func (d *Daemon) frontEndStats() []volrt.FrontEndStats {
+	out := make([]volrt.FrontEndStats, 0, len(d.frontEnds))
+	for _, fe := range d.frontEnds {
+		out = append(out, fe.Stats())
+	}
+	return out
+}
+
+// clients returns each volume's connected clients over all front ends.
+func (d *Daemon) clients() map[string][]volrt.Session {
+	out := map[string][]volrt.Session{}
+	for _, fe := range d.frontEnds {
+		for _, s := range fe.Stats().Clients {
+			out[s.Volume] = append(out[s.Volume], s)
+		}
+	}
+	return out
+}

@@ -1,0 +1,190 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/volrt"
+)
+
+// nbdFrontEnd serves the volumes over NBD on the configured listeners.
+type nbdFrontEnd struct {
+	d         *Daemon
+	srv       *server.Server
+	lns       []net.Listener
+	sessions  *volrt.Sessions
+	closeOnce sync.Once
+}
+
+func tlsMode(s string) server.TLSMode {
+	switch s {
+	case "optional":
+		return server.TLSOptional
+	case "required":
+		return server.TLSRequired
+	}
+	return server.TLSOff
+}
+
+func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
+	var tlsCfg *tls.Config
+	if d.tls != nil {
+		tlsCfg = d.tls.base()
+	}
+	f := &nbdFrontEnd{d: d, sessions: volrt.NewSessions("nbd")}
+	f.srv = server.New(server.Config{
+		Registry:   registry{d},
+		TLSConfig:  tlsCfg,
+		TLSMode:    tlsMode(d.cfg.TLS.Mode),
+		MaxPayload: uint32(d.cfg.MaxPayload),
+		Logger:     d.log,
+		Sessions:   f.sessions,
+	})
+	for _, l := range d.cfg.Listeners() {
+		ln, err := listen(l)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		f.lns = append(f.lns, ln)
+		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > maxSunPath {
+			d.log.Warn("NBD socket path is longer than sun_path (107 bytes); most clients cannot connect to it, use --listen unix:SHORTER_PATH", "path", p)
+		}
+	}
+	d.nbd = f
+	return f, nil
+}
+
+func (f *nbdFrontEnd) Name() string { return "nbd" }
+
+func (f *nbdFrontEnd) Serve(ctx context.Context) error {
+	errc := make(chan error, len(f.lns))
+	for _, ln := range f.lns {
+		go func(ln net.Listener) {
+			err := f.srv.Serve(ln)
+			if err != nil && !errors.Is(err, server.ErrServerClosed) {
+				err = fmt.Errorf("nbd listener %s: %w", ln.Addr(), err)
+			} else {
+				err = nil
+			}
+			errc <- err
+		}(ln)
+	}
+	for range f.lns {
+		if err := <-errc; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *nbdFrontEnd) Shutdown(ctx context.Context) error {
+	if err := f.srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("nbd server shutdown: %w", err)
+	}
+	return nil
+}
+
+func (f *nbdFrontEnd) Close() {
+	f.closeOnce.Do(func() {
+		for _, ln := range f.lns {
+			ln.Close() // already closed by server.Shutdown normally; harmless
+			if a, ok := ln.Addr().(*net.UnixAddr); ok {
+				os.Remove(a.Name)
+			}
+		}
+	})
+}
+
+// addrs are the bound listener addresses in configuration order.
+func (f *nbdFrontEnd) addrs() []net.Addr {
+	out := make([]net.Addr, len(f.lns))
+	for i, ln := range f.lns {
+		out[i] = ln.Addr()
+	}
+	return out
+}
+
+func (f *nbdFrontEnd) Stats() volrt.FrontEndStats {
+	st := f.srv.Stats()
+	fs := volrt.FrontEndStats{
+		Name:         "nbd",
+		Accepted:     st.Accepted,
+		Active:       st.ActiveConns,
+		ErrorReplies: st.ErrorReplies,
+		BytesRead:    st.BytesRead,
+		BytesWritten: st.BytesWritten,
+		Clients:      f.sessions.List(),
+		Detail:       st,
+	}
+	for _, n := range st.Requests {
+		fs.Requests += n
+	}
+	for _, a := range f.addrs() {
+		if a.Network() == "unix" {
+			fs.Listeners = append(fs.Listeners, "unix:"+a.String())
+		} else {
+			fs.Listeners = append(fs.Listeners, a.String())
+		}
+	}
+	return fs
+}
+
+// BannerLines: QEMU options and nbdinfo URLs for the default export, on
+// the first TCP and first Unix listener.
+func (f *nbdFrontEnd) BannerLines() []string {
+	exp := f.d.bannerExport()
+	if exp == "" {
+		return nil
+	}
+	var tcp *net.TCPAddr
+	var unix *net.UnixAddr
+	for _, a := range f.addrs() {
+		switch a := a.(type) {
+		case *net.TCPAddr:
+			if tcp == nil {
+				tcp = a
+			}
+		case *net.UnixAddr:
+			if unix == nil {
+				unix = a
+			}
+		}
+	}
+	scheme := "nbd"
+	if f.d.cfg.TLS.Mode == "required" {
+		scheme = "nbds"
+	}
+	var out []string
+	if tcp != nil {
+		host := tcp.IP.String()
+		if tcp.IP.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+		hp := net.JoinHostPort(host, fmt.Sprint(tcp.Port))
+		out = append(out,
+			"",
+			"Use it from QEMU with:",
+			fmt.Sprintf("  -drive file=%s://%s/%s,format=raw,if=virtio,cache=none", scheme, hp, exp),
+			"or:",
+			fmt.Sprintf("  -blockdev driver=nbd,server.type=inet,server.host=%s,server.port=%d,export=%s,node-name=disk0", host, tcp.Port, exp),
+			"Inspect it with:",
+			fmt.Sprintf("  nbdinfo %s://%s/%s", scheme, hp, exp))
+	}
+	if unix != nil {
+		sock := unix.String()
+		if abs, err := filepath.Abs(sock); err == nil {
+			sock = abs
+		}
+		out = append(out, "Over the Unix socket:", fmt.Sprintf("  nbdinfo 'nbd+unix:///%s?socket=%s'", exp, sock))
+	}
+	return out
+}

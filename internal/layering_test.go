@@ -1,0 +1,169 @@
+// Package internal_test holds the layering test: a lint, run as a test,
+// that fails when an import breaks the package layering drawn in
+// docs/architecture.md ("Layering"). It reads the import graph with
+// `go list` (non-test imports only: tests may reach across layers to
+// build fixtures).
+package internal_test
+
+import (
+	"bufio"
+	"bytes"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"testing"
+)
+
+const mod = "github.com/vmsan/vmsan/"
+
+// frontEndFamilies are the protocol front ends: each family's packages
+// (codec, server, client) must not import another family's, nor daemon.
+// Add "internal/nfs/" here when it lands.
+var frontEndFamilies = []string{"internal/nbd/", "internal/iscsi/"}
+
+// runtimePkgs are the volume runtime and the seam/leaf packages it is made
+// of: below every front end, so they import none of them, nor daemon, nor
+// a plugin (replication hooks in through volrt.Wrap, not an import).
+var runtimePkgs = []string{"internal/volrt", "internal/export", "internal/alignbuf"}
+
+// configAllowed are the only project packages config may import directly:
+// value parsers and constants (volume.ParseSize, backend.ParseCacheMode,
+// proto.DefaultMaxPayload) of packages that import nothing above them.
+var configAllowed = map[string]bool{
+	"internal/volume":    true,
+	"internal/backend":   true,
+	"internal/nbd/proto": true,
+}
+
+// configKnownExceptions are imports that break the rule today, each with
+// the step that removes it. An exception that is no longer needed fails
+// the test, so the list cannot go stale.
+var configKnownExceptions = map[string]string{
+	// TODO(issue 8, "one replication settings type" step): config
+	// validates replication protocol and split-brain policy with repl's
+	// parsers; the settings type moves below config and this goes.
+	"internal/repl": "replication settings step",
+}
+
+type pkg struct {
+	path    string
+	imports []string // direct, project-relative ("internal/x")
+	deps    []string // transitive, project-relative
+}
+
+// loadGraph lists every package of the module with its direct and
+// transitive project imports.
+func loadGraph(t *testing.T) map[string]pkg {
+	t.Helper()
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := exec.LookPath(goBin); err != nil {
+		goBin = "go"
+	}
+	cmd := exec.Command(goBin, "list", "-e", "-f", "{{.ImportPath}}|{{join .Imports \",\"}}|{{join .Deps \",\"}}|{{if .Error}}{{.Error}}{{end}}", "./...")
+	cmd.Dir = ".." // the module root (this file is in internal/)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr.Bytes())
+	}
+	rel := func(list string) []string {
+		var r []string
+		for _, p := range strings.Split(list, ",") {
+			if q, ok := strings.CutPrefix(p, mod); ok {
+				r = append(r, q)
+			}
+		}
+		return r
+	}
+	g := map[string]pkg{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		f := strings.SplitN(sc.Text(), "|", 4)
+		if len(f) != 4 {
+			continue
+		}
+		path, ok := strings.CutPrefix(f[0], mod)
+		if !ok {
+			continue
+		}
+		if f[3] != "" {
+			t.Errorf("%s: %s", path, f[3])
+		}
+		g[path] = pkg{path: path, imports: rel(f[1]), deps: rel(f[2])}
+	}
+	if len(g) < 10 {
+		t.Fatalf("go list found only %d packages:\n%s", len(g), out)
+	}
+	return g
+}
+
+func family(p string) string {
+	for _, f := range frontEndFamilies {
+		if strings.HasPrefix(p+"/", f) {
+			return f
+		}
+	}
+	return ""
+}
+
+func TestLayering(t *testing.T) {
+	g := loadGraph(t)
+	var bad []string
+	paths := make([]string, 0, len(g))
+	for p := range g {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		pk := g[p]
+		// Front ends do not import each other or daemon.
+		if fam := family(p); fam != "" {
+			for _, d := range pk.deps {
+				if of := family(d); of != "" && of != fam {
+					bad = append(bad, p+" (front end) imports front end "+d)
+				}
+				if d == "internal/daemon" || strings.HasPrefix(d, "internal/daemon/") {
+					bad = append(bad, p+" (front end) imports "+d)
+				}
+			}
+		}
+		// The runtime imports no front end, no daemon, no plugin.
+		for _, r := range runtimePkgs {
+			if p != r {
+				continue
+			}
+			for _, d := range pk.deps {
+				if family(d) != "" || d == "internal/daemon" || d == "internal/repl" || strings.HasPrefix(d, "internal/repl/") {
+					bad = append(bad, p+" (runtime) imports "+d)
+				}
+			}
+		}
+	}
+	// config imports no subsystem (direct imports; its allowed parsers'
+	// own imports are checked by the rules above).
+	used := map[string]bool{}
+	for _, d := range g["internal/config"].imports {
+		switch {
+		case configAllowed[d]:
+		case configKnownExceptions[d] != "":
+			used[d] = true
+		default:
+			bad = append(bad, "internal/config imports subsystem "+d)
+		}
+	}
+	for d, step := range configKnownExceptions {
+		if !used[d] {
+			bad = append(bad, "internal/config no longer imports "+d+": remove its known exception ("+step+")")
+		}
+	}
+	for _, b := range bad {
+		t.Error(b)
+	}
+	if len(bad) > 0 {
+		t.Log("the layering is drawn in docs/architecture.md (Layering)")
+	}
+}

@@ -1,0 +1,115 @@
+package volrt
+
+import (
+	"sort"
+	"sync"
+	"time"
+)
+
+// Session is one client connected to a volume through a front end.
+type Session struct {
+	FrontEnd string    `json:"front_end"`
+	Volume   string    `json:"volume"`
+	Remote   string    `json:"remote"` // client address as the front end sees it
+	Since    time.Time `json:"since"`
+}
+
+// Sessions tracks a front end's connected clients, by volume and address,
+// in a form every front end shares (status, metrics). A front end calls
+// Add when a connection starts using a volume (NBD: transmission phase;
+// iSCSI: login to a target) and Remove when it ends.
+//
+// Concurrency: safe for concurrent use; a nil *Sessions ignores Add and
+// Remove, so a front end built without one (tests) need not check.
+// Add and Remove take a mutex once per connection, never per request.
+type Sessions struct {
+	frontEnd string
+	mu       sync.Mutex
+	next     uint64
+	m        map[uint64]Session
+}
+
+// NewSessions returns an empty tracker for the named front end.
+func NewSessions(frontEnd string) *Sessions {
+	return &Sessions{frontEnd: frontEnd, m: map[uint64]Session{}}
+}
+
+// Add records a client of volume at remote and returns the id to Remove.
+func (s *Sessions) Add(volume, remote string) uint64 {
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	s.m[s.next] = Session{FrontEnd: s.frontEnd, Volume: volume, Remote: remote, Since: time.Now()}
+	return s.next
+}
+
+// Remove forgets the session Add returned id for; unknown ids are ignored.
+func (s *Sessions) Remove(id uint64) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	delete(s.m, id)
+	s.mu.Unlock()
+}
+
+// List returns the sessions ordered by volume, then connection time.
+func (s *Sessions) List() []Session {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	out := make([]Session, 0, len(s.m))
+	for _, v := range s.m {
+		out = append(out, v)
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Volume != out[j].Volume {
+			return out[i].Volume < out[j].Volume
+		}
+		if !out[i].Since.Equal(out[j].Since) {
+			return out[i].Since.Before(out[j].Since)
+		}
+		return out[i].Remote < out[j].Remote
+	})
+	return out
+}
+
+// PerVolume counts sessions by volume.
+func (s *Sessions) PerVolume() map[string]int {
+	out := map[string]int{}
+	if s == nil {
+		return out
+	}
+	s.mu.Lock()
+	for _, v := range s.m {
+		out[v.Volume]++
+	}
+	s.mu.Unlock()
+	return out
+}
+
+// FrontEndStats is what every front end reports, whatever its protocol:
+// the daemon's status and metrics read only this (plus Detail, which
+// status shows as is).
+type FrontEndStats struct {
+	Name string `json:"name"`
+	// Listeners are the addresses served ("127.0.0.1:10809", "unix:/p").
+	Listeners []string `json:"listeners,omitempty"`
+	// Accepted counts connections accepted; Active is open now.
+	Accepted uint64 `json:"accepted"`
+	Active   int64  `json:"active"`
+	// Requests, ErrorReplies and the payload bytes are over all volumes.
+	Requests     uint64 `json:"requests"`
+	ErrorReplies uint64 `json:"error_replies"`
+	BytesRead    uint64 `json:"bytes_read"`
+	BytesWritten uint64 `json:"bytes_written"`
+	// Clients are the connections using a volume now.
+	Clients []Session `json:"clients"`
+	// Detail is the front end's own counters (NBD: server.Stats).
+	Detail any `json:"detail,omitempty"`
+}

@@ -15,7 +15,7 @@ type EngineStats struct {
 	BytesWritten uint64 `json:"bytes_written"`
 	// MergeRatio is data requests per data backend op (1 = no merging).
 	MergeRatio float64 `json:"merge_ratio"`
-	// MeanWriteBytes is the mean backend write size (seed 002: should be far
+	// MeanWriteBytes is the mean backend write size (for small sequential writes it should be far
 	// above the 4 KiB a guest sends).
 	MeanWriteBytes float64 `json:"mean_write_bytes"`
 	QueueDepth     int     `json:"queue_depth"`

@@ -121,7 +121,7 @@ var killPrimaryPromote = soakFault{"kill9-primary-promote", func(s *soak) {
 // shortened for CI), kill -9 and SIGSTOP of the secondary once with each
 // node as secondary (rounds 6-8 run with the roles swapped by round 5's
 // promotion, round 9 swaps them back), SIGSTOP twice since a frozen
-// secondary is seed 002's failure mode. About 2 minutes of faults plus
+// secondary is the failure mode that matters most. About 2 minutes of faults plus
 // convergence; 2-2.5 min in all on the shared 2-core machine.
 var ciRotation = []soakFault{
 	killSecondary(3 * time.Second),

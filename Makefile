@@ -7,6 +7,7 @@
 #   make fuzz    long fuzzing (FUZZTIME=5m per target by default)
 #   make bench   Go benchmarks
 #   make soak    long-running soak tests (VMSAN_SOAK=1)
+#   make scenarios  the seed scenarios (scenarios/*.sh, root; not part of test)
 #
 # Output is plain `go test` output so that CI logs end with the summary lines.
 
@@ -28,7 +29,7 @@ APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client 
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4
 
-.PHONY: all build test deps vet unit race fuzz-short fuzz bench soak clean
+.PHONY: all build test deps vet unit race fuzz-short fuzz bench soak clean scenarios
 
 all: build
 
@@ -88,6 +89,14 @@ bench:
 
 soak:
 	VMSAN_SOAK=1 $(GO) test -count=1 -run Soak -timeout 3h ./...
+
+# The seed scenarios (docs/scenarios.md): each script ≤ 10 min on 2 cores,
+# needs root (loop devices, cgroups), writes to scenarios/out/. Not part of
+# `make test`: they measure, they do not assert.
+scenarios:
+	scenarios/000-iscsi-multipath.sh
+	scenarios/001-filesystems.sh
+	scenarios/002-replication.sh
 
 clean:
 	rm -rf bin

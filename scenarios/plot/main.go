@@ -80,6 +80,7 @@ func run(in, out, title, xl, yl string, logY bool) error {
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = plot.LogTicks{}
 	}
+	p.Legend.Top = true
 	p.Add(plotter.NewGrid())
 	var args []any
 	for _, s := range order {

@@ -47,7 +47,7 @@ fi
 need_root "loop-mounted filesystems"
 need_tools curl:curl losetup:mount mkfs.ext4:e2fsprogs mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs go:golang-go
 mkdir -p "$OUT"
-rm -f "$OUT"/*.txt "$OUT"/*.json "$OUT"/*.png "$OUT/summary.md"
+rm -f "$OUT"/*.txt "$OUT"/*.json "$OUT"/*.png "$OUT"/*.log "$OUT/summary.md"
 build_vmsan
 
 case "$MODE" in

@@ -7,7 +7,7 @@
 #   make fuzz    long fuzzing (FUZZTIME=5m per target by default)
 #   make bench   Go benchmarks
 #   make soak    long-running soak tests (VMSAN_SOAK=1)
-#   make scenarios  the seed scenarios (scenarios/*.sh, root; not part of test)
+#   make scenarios  the replayed field cases (scenarios/*.sh, root; not part of test)
 #
 # Output is plain `go test` output so that CI logs end with the summary lines.
 
@@ -90,7 +90,7 @@ bench:
 soak:
 	VMSAN_SOAK=1 $(GO) test -count=1 -run Soak -timeout 3h ./...
 
-# The seed scenarios (docs/scenarios.md): each script ≤ 10 min on 2 cores,
+# The replayed field cases (docs/scenarios.md): each script ≤ 10 min on 2 cores,
 # needs root (loop devices, cgroups), writes to scenarios/out/. Not part of
 # `make test`: they measure, they do not assert.
 scenarios:

@@ -155,7 +155,7 @@ run_one() { # NAME SECONDARY_ENGINE_YAML
 
 rm -f "$OUT/table.md" "$OUT"/*_bw.*.log
 {
-	echo "| run | client MB/s (mean) | worst second MB/s | secondary mean backend write (KiB) | disconnects (by reason) | seconds not Connected | load avg at start |"
+	echo "| run | client MB/s (mean) | worst second MB/s | secondary mean backend write (KiB) | disconnects (by reason) | status samples not Connected | load avg at start |"
 	echo "|---|---|---|---|---|---|---|"
 } >"$OUT/table.md"
 run_one default ""

@@ -92,7 +92,7 @@ bench_guest() {
 
 declare -A MKFS_ARGS=([ext4]="-q -F" [xfs]="-q -f" [btrfs]="-q -f")
 
-# cdm_rows FILE: CrystalDiskMark 3 text output -> seed-style "R W" rows.
+# cdm_rows FILE: CrystalDiskMark 3 text output -> "read write" rows per test, as CrystalDiskMark's two columns.
 cdm_rows() {
 	awk -F' : *' '
 		/Sequential Read/ { sr=$2 } /Sequential Write/ { sw=$2 }
@@ -118,7 +118,7 @@ for fs in $FILESYSTEMS; do
 	workdir; w=$WORKDIR
 	# shellcheck disable=SC2086
 	loop_fs "mkfs.$fs" "$w/$fs.img" "$w/mnt" 8G ${MKFS_ARGS[$fs]}
-	nbd=$(free_port); met=$(free_port)
+	free_port; nbd=$PORT; free_port; met=$PORT
 	{
 		echo "data_dir: $w/mnt/data"
 		echo "listen: [127.0.0.1:$nbd]"

@@ -96,7 +96,8 @@ run_one() { # NAME SECONDARY_ENGINE_YAML
 	loop_fs mkfs.ext4 "$w/b.img" "$w/b" 4G -q -F
 	local dev=$LOOP_DEV
 	local pn pm pr sn sm sr
-	pn=$(free_port); pm=$(free_port); pr=$(free_port); sn=$(free_port); sm=$(free_port); sr=$(free_port)
+	free_port; pn=$PORT; free_port; pm=$PORT; free_port; pr=$PORT
+	free_port; sn=$PORT; free_port; sm=$PORT; free_port; sr=$PORT
 	node_config "$w/a.yaml" "$w/a" "$pn" "$pm" "$pr" "$sr" primary ""
 	node_config "$w/b.yaml" "$w/b" "$sn" "$sm" "$sr" "$pr" secondary "$eng"
 	"$VMSAN" serve --config "$w/a.yaml" >"$OUT/$name-primary.log" 2>&1 &

@@ -60,12 +60,20 @@ loop_fs() {
 	_mounts+=("$mnt")
 }
 
+# free_port: sets PORT to a port nobody listens on, outside the tests'
+# 25000-25999 range, and not handed out before by this script (the daemons
+# only bind them later, so the listen check alone could repeat a pick).
+_ports=" "
 free_port() {
-	# A port nobody listens on, outside the tests' 25000-25999 range.
 	local p
 	for _ in $(seq 1 200); do
 		p=$((27000 + RANDOM % 2000))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+		case "$_ports" in *" $p "*) continue ;; esac
+		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+			_ports="$_ports$p "
+			PORT=$p
+			return
+		fi
 	done
 	die "no free port"
 }

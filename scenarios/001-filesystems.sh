@@ -77,7 +77,7 @@ bench_guest() {
 	local uri=$1 fs=$2 c=$3 cdm gnome
 	cdm=$(IFS=,; echo "${CDM_ARGS[*]}")
 	gnome=$(IFS=,; echo "${GNOME_ARGS[*]}")
-	timeout 300 qemu-system-x86_64 -accel tcg -m 512 -nographic -no-reboot -nic none \
+	child timeout 300 qemu-system-x86_64 -accel tcg -m 512 -nographic -no-reboot -nic none \
 		-kernel "$SCEN_ROOT/.cache/guest/vmlinuz" -initrd "$GUEST/initrd.gz" \
 		-append "console=ttyS0 panic=-1 quiet vmsan.cdm=$cdm vmsan.gnome=$gnome" \
 		-drive "file=$uri,format=raw,if=virtio,cache=none" </dev/null >"$OUT/$fs-$c-console.txt" 2>&1 ||
@@ -140,10 +140,10 @@ for fs in $FILESYSTEMS; do
 			continue
 		fi
 		log "$fs cache=$c: cdm-legacy"
-		"$VMSAN" bench -q --profile cdm-legacy "${CDM_ARGS[@]}" --force -o "$OUT/$fs-$c-cdm.json" \
+		child "$VMSAN" bench -q --profile cdm-legacy "${CDM_ARGS[@]}" --force -o "$OUT/$fs-$c-cdm.json" \
 			--plot "$OUT/$fs-$c-cdm.png" "$uri" >"$OUT/$fs-$c-cdm.txt" 2>&1 || die "bench failed: $OUT/$fs-$c-cdm.txt"
 		log "$fs cache=$c: gnome-disks"
-		"$VMSAN" bench -q --profile gnome-disks "${GNOME_ARGS[@]}" --force -o "$OUT/$fs-$c-gnome.json" \
+		child "$VMSAN" bench -q --profile gnome-disks "${GNOME_ARGS[@]}" --force -o "$OUT/$fs-$c-gnome.json" \
 			--plot "$OUT/$fs-$c-gnome.png" "$uri" >"$OUT/$fs-$c-gnome.txt" 2>&1 || die "bench failed: $OUT/$fs-$c-gnome.txt"
 	done
 	for p in cdm gnome; do

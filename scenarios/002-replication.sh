@@ -130,9 +130,9 @@ run_one() { # NAME SECONDARY_ENGINE_YAML
 		printf '%s\t%s\n' "$(date +%s)" "$(repl_field "$w/a" '(if type=="array" then .[0] elif .volumes then .volumes[0] else . end) | "\(.connection)/\(.peer_disk)"')"; sleep 1
 	done ) >"$OUT/$name-conn.tsv" &
 	local poller=$!; _pids+=("$poller")
-	( cd "$OUT" && fio --name="$name" --ioengine=nbd --uri="nbd://127.0.0.1:$pn/vm1" --rw=write --bs=4k \
+	child sh -c 'cd "$0" && exec "$@"' "$OUT" fio --name="$name" --ioengine=nbd --uri="nbd://127.0.0.1:$pn/vm1" --rw=write --bs=4k \
 		--iodepth=32 --size=900M --time_based --runtime="$RUNTIME" --write_bw_log="$name" --log_avg_msec=1000 \
-		--output-format=json >"$OUT/$name-fio.json" 2>"$OUT/$name-fio.err" ) || die "$name: fio failed (see $OUT/$name-fio.err)"
+		--output-format=json >"$OUT/$name-fio.json" 2>"$OUT/$name-fio.err" || die "$name: fio failed (see $OUT/$name-fio.err)"
 	kill "$poller" 2>/dev/null || true
 	local sumb1 cntb1
 	sumb1=$(metric '^vmsan_engine_backend_write_size_bytes_sum' "http://127.0.0.1:$sm/metrics")

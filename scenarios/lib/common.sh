@@ -89,6 +89,16 @@ metric() {
 	curl -fs "$2" | awk -v re="$1" '$0 !~ /^#/ && $1 ~ re { s += $2 } END { printf "%.0f\n", s }'
 }
 
+# child CMD...: run CMD in the background and wait for it, so that a TERM
+# sent to the script runs the cleanup at once (bash defers traps until a
+# foreground child exits) and the cleanup stops CMD too.
+child() {
+	"$@" &
+	local p=$!
+	_pids+=("$p")
+	wait "$p"
+}
+
 cleanup_all() {
 	local rc=$? p m l c d
 	for p in "${_pids[@]}"; do kill "$p" 2>/dev/null || true; done

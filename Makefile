@@ -3,10 +3,14 @@
 #   make test    install missing test tools (as root, via apt-get), go vet,
 #                all tests (race detector on the concurrent packages), and a
 #                short run of every fuzz target
-#   make build   build bin/vmsan
+#   make build   build bin/vmsan (version from `git describe`; see `vmsan version`)
+#   make install binary, man pages, shell completions, systemd unit and a
+#                default /etc/vmsan/vmsan.yaml (PREFIX=/usr/local, DESTDIR=)
+#   make deb     bin/vmsan_VERSION_ARCH.deb (dpkg-deb) from `make install`
 #   make fuzz    long fuzzing (FUZZTIME=5m per target by default)
 #   make bench   Go benchmarks
-#   make soak    long-running soak tests (VMSAN_SOAK=1)
+#   make soak    long-running soak tests (VMSAN_SOAK=1): the daemon soak and
+#                100 rounds of the replication fault loop (tests/repl)
 #   make scenarios  the replayed field cases (scenarios/*.sh, root; not part of test)
 #
 # Output is plain `go test` output so that CI logs end with the summary lines.
@@ -22,19 +26,83 @@ TIMEOUT   ?= 25m
 RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon)(/|$$)
 
 # Debian packages the tests drive (real NBD clients and servers, QEMU,
-# filesystems for the loop-mount tests, certtool for TLS certificates).
+# filesystems for the loop-mount tests, certtool for TLS certificates,
+# libiscsi's iscsi-inq/iscsi-ls for the iSCSI codec's live initiator test,
+# systemd-analyze for the unit file check in packaging/).
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
-             busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs
+             busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
-             nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4
+             nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze
 
-.PHONY: all build test deps vet unit race fuzz-short fuzz bench soak clean scenarios
+.PHONY: all build install deb test deps vet unit race fuzz-short fuzz bench soak clean scenarios
 
 all: build
 
+# Version stamped into the binary (internal/version). The revision is passed
+# too because builds with -buildvcs=false or from a tarball embed none.
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+REVISION  ?= $(shell git rev-parse HEAD 2>/dev/null)
+# Man page dates (and so the .deb) follow the last commit, not the clock.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+export SOURCE_DATE_EPOCH
+VERSION_PKG := github.com/vmsan/vmsan/internal/version
+LDFLAGS   := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
+# Build outputs (tests redirect them to a temporary directory).
+OUT       ?= bin
+
 build:
-	$(GO) build -o bin/vmsan ./cmd/vmsan
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(OUT)/vmsan ./cmd/vmsan
+
+# Install layout. systemd also reads units from /usr/local/lib/systemd/system,
+# so PREFIX=/usr/local works for the unit too; its ExecStart and config path
+# are rewritten to BINDIR and SYSCONFDIR. An existing vmsan.yaml is kept.
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+BINDIR     ?= $(PREFIX)/bin
+MANDIR     ?= $(PREFIX)/share/man
+SYSCONFDIR ?= /etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(UNITDIR) \
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR) $(DESTDIR)$(SYSCONFDIR)/vmsan
+	install -m 0755 $(OUT)/vmsan $(DESTDIR)$(BINDIR)/vmsan
+	$(OUT)/vmsan gen-man $(DESTDIR)$(MANDIR)/man1
+	$(OUT)/vmsan completion bash > $(DESTDIR)$(BASHCOMPDIR)/vmsan
+	$(OUT)/vmsan completion zsh > $(DESTDIR)$(ZSHCOMPDIR)/_vmsan
+	$(OUT)/vmsan completion fish > $(DESTDIR)$(FISHCOMPDIR)/vmsan.fish
+	sed -e 's#/usr/bin/vmsan#$(BINDIR)/vmsan#' -e 's#/etc/vmsan/#$(SYSCONFDIR)/vmsan/#' \
+		packaging/vmsan.service > $(DESTDIR)$(UNITDIR)/vmsan.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/vmsan.service
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/vmsan/vmsan.yaml ]; then \
+		echo "install: keeping existing $(DESTDIR)$(SYSCONFDIR)/vmsan/vmsan.yaml"; \
+	else install -m 0644 packaging/vmsan.yaml $(DESTDIR)$(SYSCONFDIR)/vmsan/vmsan.yaml; fi
+
+# A Debian package built with dpkg-deb only (no debhelper): the tree `make
+# install` produces under PREFIX=/usr, plus packaging/deb/. The version is
+# `git describe` made Debian-legal (v1.2.3-4-gabc -> 1.2.3+4.gabc; an
+# untagged tree gives 0.0~gitREV).
+DEBROOT    ?= $(OUT)/deb-root
+DEB_ARCH   ?= $(shell dpkg --print-architecture 2>/dev/null || $(GO) env GOARCH)
+DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E 's/^v//; s/^([^0-9])/0.0~git\1/; s/-/+/; s/-/./g')
+DEB        := $(OUT)/vmsan_$(DEB_VERSION)_$(DEB_ARCH).deb
+
+deb:
+	rm -rf $(DEBROOT)
+	$(MAKE) install DESTDIR=$(DEBROOT) PREFIX=/usr ZSHCOMPDIR=/usr/share/zsh/vendor-completions
+	gzip -9n $(DEBROOT)/usr/share/man/man1/*.1
+	install -d $(DEBROOT)/DEBIAN
+	install -m 0644 packaging/deb/conffiles $(DEBROOT)/DEBIAN/conffiles
+	install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm $(DEBROOT)/DEBIAN/
+	sed -e 's/@VERSION@/$(DEB_VERSION)/' -e 's/@ARCH@/$(DEB_ARCH)/' \
+		-e "s/@SIZE@/$$(du -sk --exclude=DEBIAN $(DEBROOT) | cut -f1)/" \
+		packaging/deb/control.in > $(DEBROOT)/DEBIAN/control
+	dpkg-deb --root-owner-group -Zgzip --build $(DEBROOT) $(DEB)
+	@echo "deb: $(DEB)"
 
 test: deps vet unit race fuzz-short
 	@echo "make test: all steps passed"

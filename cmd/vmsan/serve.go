@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
+	"github.com/vmsan/vmsan/internal/sdnotify"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -61,8 +62,9 @@ logged and ignored.`,
 			defer stop()
 			// After the first signal starts the graceful drain, restore the
 			// default action so a second Ctrl-C kills a drain that hangs.
-			go func() { <-ctx.Done(); stop() }()
+			go func() { <-ctx.Done(); sdnotify.Stopping("draining"); stop() }()
 			go d.HandleReloads(ctx, hup, load)
+			sdnotify.Ready("serving") // New bound every listener; systemd may start clients
 			return d.Run(ctx)
 		},
 	}

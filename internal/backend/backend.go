@@ -24,7 +24,10 @@
 // overlapping operations is the caller's (the I/O engine's) job.
 package backend
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 // CacheMode selects how writes reach stable storage, modelled on QEMU's
 // -drive cache= option.
@@ -45,9 +48,11 @@ const (
 	CacheUnsafe CacheMode = "unsafe"
 )
 
-// ParseCacheMode validates a cache mode string.
+// ParseCacheMode validates a cache mode string and returns its canonical
+// (lower-case) form: "WriteBack" and "NONE" are accepted, as QEMU users type
+// them either way.
 func ParseCacheMode(s string) (CacheMode, error) {
-	switch m := CacheMode(s); m {
+	switch m := CacheMode(strings.ToLower(strings.TrimSpace(s))); m {
 	case CacheNone, CacheWritethrough, CacheWriteback, CacheUnsafe:
 		return m, nil
 	case "":

@@ -10,7 +10,7 @@ import (
 	"github.com/vmsan/vmsan/internal/testutil"
 )
 
-// TestFilesystems runs the backend on ext4, xfs and btrfs (the seeds compare
+// TestFilesystems runs the backend on ext4, xfs and btrfs (users compare
 // them): random operations against a model in writeback and cache=none, and
 // punch-hole/zero-range visibility through Extents.
 func TestFilesystems(t *testing.T) {

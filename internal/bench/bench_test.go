@@ -95,7 +95,9 @@ func TestCompareJSONAndPlot(t *testing.T) {
 	dir := t.TempDir()
 	a, bb := synthetic(ProfileCDM, 100e6), synthetic(ProfileCDM, 80e6)
 	g := synthetic(ProfileGnome, 50e6)
-	g.Gnome = &GnomeResult{Samples: []GnomeSample{{0, 100, 50}, {1e9, 90, 40}, {2e9, 70, 30}}}
+	g.Gnome = &GnomeResult{Samples: []GnomeSample{{0, 100, 50}, {1e9, 90, 40}, {2e9, 70, 30}},
+		Access: []GnomeAccessPoint{{5e8, 0.2}, {1.5e9, 8.5}}}
+	g.Target.Size = 3e9
 	pa, pb, pg := filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json"), filepath.Join(dir, "g.json")
 	for p, r := range map[string]*Result{pa: a, pb: bb, pg: g} {
 		if err := r.Save(p); err != nil {
@@ -130,6 +132,11 @@ func TestCompareJSONAndPlot(t *testing.T) {
 	s, _ := os.ReadFile(svg)
 	if !bytes.Contains(s, []byte("position on target")) {
 		t.Fatal("gnome-disks plot lacks the position axis label")
+	}
+	// Like GNOME Disks: the access-time dots get their own axis (ms) on the
+	// right of the shared position axis.
+	if !bytes.Contains(s, []byte("access time, ms")) || !bytes.Contains(s, []byte("g access time")) {
+		t.Fatal("gnome-disks plot lacks the access-time scatter and its axis")
 	}
 	if err := Plot(filepath.Join(dir, "x.gif"), []string{"g"}, []*Result{g}); err == nil {
 		t.Fatal("want error for unsupported plot format")

@@ -18,11 +18,29 @@ type RunConfig struct {
 	Open    TargetOptions
 	Options Options
 	// SizeSet says --size was given (it then sets the profile's test size).
-	Size  int64
-	JSON  bool   // print the JSON result to stdout instead of the table
-	Out   string // result file: "" = auto name in the current directory, "none" = no file
-	Plot  string // .png or .svg to draw
-	Quiet bool   // no progress output
+	Size int64
+	JSON bool   // print the JSON result to stdout instead of the table
+	Out  string // result file: "" = auto name in ResultsDir, "none" = no file
+	// ResultsDir holds auto-named results; "" = DefaultResultsDir().
+	ResultsDir string
+	Plot       string // .png or .svg to draw
+	Quiet      bool   // no progress output
+}
+
+// DefaultResultsDir is where results go without -o: $XDG_STATE_HOME/vmsan/bench,
+// i.e. ~/.local/state/vmsan/bench by default. One place, whatever the
+// working directory, so runs accumulate where `vmsan bench compare` users
+// look for them and no JSON litters the directory bench was started in.
+// Without a home directory (a bare service environment) it is
+// ./vmsan-results.
+func DefaultResultsDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "vmsan", "bench")
+	}
+	if h, err := os.UserHomeDir(); err == nil && h != "" && h != "/" {
+		return filepath.Join(h, ".local", "state", "vmsan", "bench")
+	}
+	return "vmsan-results"
 }
 
 // DefaultScratchSize is the size of a scratch file created for a profile
@@ -64,15 +82,39 @@ func Execute(ctx context.Context, cfg RunConfig, stdout, stderr *os.File) error 
 	if err != nil {
 		return err
 	}
+	// Unless --keep, undo the allocation a write run causes in the holes
+	// of an existing target (restore.go). A scratch file the benchmark
+	// created is removed whole instead.
+	var snap *holeSnapshot
+	var notes []string
+	if !open.ReadOnly && !open.Keep && !t.Info().Created {
+		var note string
+		if snap, note = snapshotHoles(t); note != "" {
+			notes = append(notes, note)
+		}
+	}
 	prog, wait := NewProgress(stderr, cfg.Quiet || cfg.JSON && !IsTerminal(stderr))
 	res, runErr := RunProfile(ctx, t, o, prog)
 	wait()
+	if snap != nil {
+		// Also after a failed or interrupted run: that is when test data
+		// is most likely left behind.
+		note, err := snap.restore()
+		if err != nil {
+			note = "holes not restored: " + err.Error()
+			fmt.Fprintln(stderr, "vmsan bench: warning:", note)
+		}
+		if note != "" {
+			notes = append(notes, note)
+		}
+	}
 	if cerr := t.Close(); runErr == nil && cerr != nil {
 		runErr = cerr
 	}
 	if res == nil {
 		return runErr
 	}
+	res.Notes = append(res.Notes, notes...)
 	if runErr != nil {
 		res.Notes = append(res.Notes, "run failed: "+runErr.Error())
 	}
@@ -87,9 +129,16 @@ func Execute(ctx context.Context, cfg RunConfig, stdout, stderr *os.File) error 
 	}
 	out := cfg.Out
 	if out == "" {
-		out = fmt.Sprintf("vmsan-bench-%s-%s.json", o.Profile, res.Started.Format("20060102-150405"))
+		dir := cfg.ResultsDir
+		if dir == "" {
+			dir = DefaultResultsDir()
+		}
+		out = filepath.Join(dir, fmt.Sprintf("vmsan-bench-%s-%s.json", o.Profile, res.Started.Format("20060102-150405")))
 	}
 	if out != "none" && len(res.Ops) > 0 {
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return errors.Join(runErr, fmt.Errorf("bench: results directory: %w", err))
+		}
 		if err := res.Save(out); err != nil {
 			return errors.Join(runErr, err)
 		}

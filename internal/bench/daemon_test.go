@@ -43,14 +43,14 @@ func TestDaemonCDMAndBonnie(t *testing.T) {
 	port := d.NBDAddrs()[0].(*net.TCPAddr).Port
 	uri := fmt.Sprintf("nbd://127.0.0.1:%d/default", port)
 
-	run := func(o Options, size int64, force bool) (string, *Result) {
+	run := func(o Options, size int64, open TargetOptions) (string, *Result) {
 		t.Helper()
 		dir := t.TempDir()
 		out, err := os.Create(filepath.Join(dir, "stdout"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := RunConfig{Target: uri, Size: size, Out: filepath.Join(dir, "r.json"), Options: o, Open: TargetOptions{Force: force}}
+		cfg := RunConfig{Target: uri, Size: size, Out: filepath.Join(dir, "r.json"), Options: o, Open: open}
 		if err := Execute(context.Background(), cfg, out, devNull(t)); err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +62,7 @@ func TestDaemonCDMAndBonnie(t *testing.T) {
 		}
 		return string(b), r
 	}
-	table, r1 := run(Options{Profile: ProfileCDM, Passes: 1, PassTime: 200 * time.Millisecond, Warmup: 50 * time.Millisecond}, 16<<20, false)
+	table, r1 := run(Options{Profile: ProfileCDM, Passes: 1, PassTime: 200 * time.Millisecond, Warmup: 50 * time.Millisecond}, 16<<20, TargetOptions{Keep: true})
 	for _, want := range []string{"[Read]", "[Write]", "SEQ    1MiB (Q=  8, T= 1):", "RND    4KiB (Q= 32, T= 1):", "MB/s"} {
 		if !strings.Contains(table, want) {
 			t.Fatalf("cdm table lacks %q:\n%s", want, table)
@@ -71,12 +71,13 @@ func TestDaemonCDMAndBonnie(t *testing.T) {
 	if r1.Target.Size != 10<<30 || r1.Target.NBD == nil || r1.Target.NBD.Connections != 4 {
 		t.Fatalf("target: %+v", r1.Target)
 	}
-	// A second write profile without --force is refused: cdm left data.
+	// A second write profile without --force is refused: cdm, run with
+	// --keep, left its data (without --keep it punches it away).
 	cfg2 := RunConfig{Target: uri, Size: 8 << 20, Out: "none", Options: Options{Profile: ProfileBonnie}}
 	if err := Execute(context.Background(), cfg2, devNull(t), devNull(t)); err == nil || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("bonnie over cdm's data without --force: %v", err)
 	}
-	table, r2 := run(Options{Profile: ProfileBonnie, ChrSize: 32 << 10, Seeks: 500}, 8<<20, true)
+	table, r2 := run(Options{Profile: ProfileBonnie, ChrSize: 32 << 10, Seeks: 500}, 8<<20, TargetOptions{Force: true})
 	if !strings.Contains(table, "--Sequential Output--") || !strings.Contains(table, "1.97,1.97,") {
 		t.Fatalf("bonnie table:\n%s", table)
 	}

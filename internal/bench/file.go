@@ -22,6 +22,9 @@ type fileTarget struct {
 	align   int
 	info    TargetInfo
 	removeF bool // scratch file to remove on Close
+	// shrinkTo >= 0 is the size an existing file had before --force grew
+	// it to --size; Close truncates it back (unless --keep).
+	shrinkTo int64
 }
 
 // directAlign is the buffer/offset alignment used for O_DIRECT on regular
@@ -87,7 +90,7 @@ func openFile(path string, o TargetOptions) (Target, error) {
 		}
 		return nil, fmt.Errorf("bench: %w", err)
 	}
-	t := &fileTarget{f: f, path: path, align: 1, removeF: created && !o.Keep}
+	t := &fileTarget{f: f, path: path, align: 1, removeF: created && !o.Keep, shrinkTo: -1}
 	fail := func(e error) (Target, error) {
 		f.Close()
 		if created {
@@ -110,6 +113,9 @@ func openFile(path string, o TargetOptions) (Target, error) {
 		}
 		if err := f.Truncate(o.Size); err != nil {
 			return fail(fmt.Errorf("bench: growing %s: %w", path, err))
+		}
+		if !o.Keep {
+			t.shrinkTo = size
 		}
 		size = o.Size
 	}
@@ -159,7 +165,13 @@ func (t *fileTarget) DropCache() error {
 }
 
 func (t *fileTarget) Close() error {
-	err := t.f.Close()
+	var err error
+	if t.shrinkTo >= 0 {
+		err = t.f.Truncate(t.shrinkTo)
+	}
+	if e := t.f.Close(); err == nil {
+		err = e
+	}
 	if t.removeF {
 		if e := os.Remove(t.path); err == nil {
 			err = e
@@ -199,7 +211,7 @@ func fsType(path string) string {
 }
 
 // queueKeys are the block-queue settings that change benchmark results
-// (seed 002: rotational and the scheduler made a 10x difference).
+// (rotational and the scheduler can make a 10x difference to a replica applying small writes).
 var queueKeys = []string{"rotational", "scheduler", "read_ahead_kb", "max_sectors_kb", "nr_requests", "logical_block_size", "physical_block_size", "write_cache"}
 
 // blockQueue reads /sys/block/<dev>/queue for the device itself or, for a

@@ -21,6 +21,10 @@ const (
 	GnomeAccess   = "Access Time"
 )
 
+// maxAccessPoints bounds the access-time reads kept for the plot (and the
+// JSON): --access-reads is unbounded, the scatter needs no more.
+const maxAccessPoints = 10000
+
 // runGnome reproduces GNOME Disks' (palimpsest's) benchmark: the transfer
 // rate of o.Samples reads of o.SampleSize at evenly spaced offsets across
 // the whole target (optionally writing each sample's data back, which
@@ -134,6 +138,9 @@ func runGnome(ctx context.Context, t Target, o Options, prog Progress, res *Resu
 		d := time.Since(t0)
 		at.record(len(acc), d)
 		accTotal += d
+		if len(g.Access) < maxAccessPoints {
+			g.Access = append(g.Access, GnomeAccessPoint{Offset: off, Ms: d.Seconds() * 1000})
+		}
 	}
 	g.AccessMs = accTotal.Seconds() * 1000 / float64(o.AccessReads)
 	ph.Done(fmt.Sprintf("average access time %.3f ms", g.AccessMs))

@@ -205,7 +205,7 @@ var cdm8Rows = []cdmRow{
 	{"RND4K Q1T1", true, 4096, 1},
 }
 
-// CrystalDiskMark 3 rows, as in seed 001 ("seq", "512k", "4K", "4K QD32").
+// CrystalDiskMark 3 rows, as users post them ("seq", "512k", "4K", "4K QD32").
 var cdm3Rows = []cdmRow{
 	{"Seq", false, 1 << 20, 1},
 	{"512K", true, 512 << 10, 1},

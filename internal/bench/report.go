@@ -90,7 +90,7 @@ var cdm3Labels = map[string][2]string{
 	"4K QD32": {"Random Read 4KB (QD=32)", "Random Write 4KB (QD=32)"},
 }
 
-// printCDM3 follows CrystalDiskMark 3's text, the rows of seed 001.
+// printCDM3 follows CrystalDiskMark 3's text, the rows users post.
 func printCDM3(w io.Writer, res *Result) {
 	fmt.Fprintln(w, "-----------------------------------------------------------------------")
 	fmt.Fprintln(w, "CrystalDiskMark 3-style results     * MB/s = 1,000,000 byte/s *")
@@ -117,7 +117,7 @@ func printParams(w io.Writer, res *Result) {
 	}
 }
 
-// printBonnie prints bonnie++ 1.97's table (seed 000's layout, with the
+// printBonnie prints bonnie++ 1.97's table (the layout users post, with the
 // Machine/Size and Latency lines of 1.97) and its CSV line.
 func printBonnie(w io.Writer, res *Result) {
 	host := res.Env.Hostname
@@ -157,7 +157,7 @@ func printBonnie(w io.Writer, res *Result) {
 	}
 }
 
-// printGnome prints seed 001's GNOME Disks rows.
+// printGnome prints the GNOME Disks summary rows.
 func printGnome(w io.Writer, res *Result) {
 	g := res.Gnome
 	if g == nil {

@@ -101,7 +101,7 @@ type GnomeSample struct {
 	WriteMBps float64 `json:"write_mb_per_s,omitempty"`
 }
 
-// GnomeResult is the GNOME Disks summary (seed 001's SL 6.4 rows), rates
+// GnomeResult is the GNOME Disks summary (the summary rows GNOME Disks shows), rates
 // in decimal MB/s.
 type GnomeResult struct {
 	Samples    []GnomeSample `json:"samples"`
@@ -113,6 +113,15 @@ type GnomeResult struct {
 	MaxWrite   float64       `json:"max_write_mb_per_s,omitempty"`
 	AvgWrite   float64       `json:"avg_write_mb_per_s,omitempty"`
 	AccessMs   float64       `json:"avg_access_ms"`
+	// Access holds every access-time read (position, latency) for the
+	// scatter GNOME Disks draws under the rate line.
+	Access []GnomeAccessPoint `json:"access,omitempty"`
+}
+
+// GnomeAccessPoint is one random access-time read.
+type GnomeAccessPoint struct {
+	Offset int64   `json:"offset"`
+	Ms     float64 `json:"ms"`
 }
 
 // Env is the machine and software a result was measured on.

@@ -458,8 +458,12 @@ func (c *Config) Validate() error {
 		} else if v.Size > 0 && int64(v.Size)%int64(bs) != 0 {
 			add("%s (%s).size %d: not a multiple of the block size %d", where, v.Name, v.Size, bs)
 		}
-		if _, err := backend.ParseCacheMode(v.Cache); err != nil {
+		if m, err := backend.ParseCacheMode(v.Cache); err != nil {
 			add("%s (%s).cache: %v", where, v.Name, err)
+		} else if v.Cache != "" {
+			// Store the canonical spelling ("WriteBack" -> "writeback") so
+			// that comparisons with a volume's metadata see no change.
+			c.Volumes[i].Cache = string(m)
 		}
 		validateEngine(where+".", v.Engine)
 		if v.Replication != nil {

@@ -24,6 +24,7 @@
 //	nbd_tls_handshakes_total, nbd_requests_total{command: read, write, flush, ...}, nbd_error_replies_total,
 //	nbd_bytes_total{direction}, nbd_protocol_errors_total, nbd_panics_total,
 //	nbd_hole_chunks_total, nbd_inflight_requests
+//	build_info{version, goversion, revision} (always 1)
 //
 // Replication (one set per replicated volume, when the Source also
 // implements ReplicaSource). States are enum gauges: one series per
@@ -106,6 +107,7 @@ type Source interface {
 func NewRegistry(src Source) *prometheus.Registry {
 	r := prometheus.NewRegistry()
 	r.MustRegister(NewCollector(src))
+	r.MustRegister(buildInfo())
 	r.MustRegister(collectors.NewGoCollector())
 	r.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return r

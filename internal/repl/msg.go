@@ -43,7 +43,7 @@ func (t MsgType) String() string {
 
 // Control reports whether t travels on the control connection. Acks and
 // pings never queue behind bulk data, so a busy secondary still answers
-// pings (seed 002's spurious disconnects).
+// pings (spurious disconnects under load).
 func (t MsgType) Control() bool {
 	switch t {
 	case MsgRecvAck, MsgWriteAck, MsgPing, MsgPingAck, MsgRSAck, MsgRSHashReply, MsgVerifyReply, MsgRole:

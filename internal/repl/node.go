@@ -18,6 +18,8 @@ type Config struct {
 	PingTimeout  int // ticks without hearing from the peer before disconnecting (default 60)
 	// KoTicks: a peer that answers pings but leaves a replicated write
 	// unacknowledged this long is disconnected (DRBD's ko-count). 0: 100.
+	// max(PingTimeout, KoTicks) is also how long a handshake may go
+	// without progress while the peer answers pings (handshakeStalled).
 	KoTicks int
 
 	// ALExtents is the activity log size in 4 MiB extents (default 1024,
@@ -156,7 +158,7 @@ var (
 	ErrDiskless     = errors.New("repl: no usable local disk")
 	ErrOutOfRange   = errors.New("repl: request outside the volume")
 	ErrPeerPrimary  = errors.New("repl: peer is primary and connected; demote it first")
-	ErrNotUpToDate  = errors.New("repl: local disk is not UpToDate (use force)")
+	ErrNotUpToDate  = errors.New("repl: local disk is not UpToDate (use --force)")
 	ErrNotConnected = errors.New("repl: not connected")
 	ErrBusy         = errors.New("repl: resync or verify in progress")
 )
@@ -237,6 +239,14 @@ type Node struct {
 	lastPing int64
 	heard    int64
 	since    int64 // tick the current connection came up
+	// hsAt: tick of the last handshake progress (Connect, the peer's
+	// Hello or a bitmap frame, our decision). Pings do not count: a peer
+	// that answers pings but never completes the handshake must not hold
+	// the connection forever (see handshakeStalled).
+	hsAt int64
+	// awaitStart: we decided to be sync target and wait for the source's
+	// SyncStart, the last step of its handshake.
+	awaitStart bool
 
 	nextID uint64
 	seq    uint64
@@ -429,7 +439,8 @@ func (n *Node) Connect() {
 		return
 	}
 	n.conn = Handshake
-	n.since, n.heard, n.lastPing = n.tick, n.tick, n.tick
+	n.since, n.heard, n.lastPing, n.hsAt = n.tick, n.tick, n.tick, n.tick
+	n.awaitStart = false
 	n.peerHello, n.peerBitmap, n.peerBMDone = nil, NewBitmap(n.cfg.Size), false
 	n.seq = 0
 	n.sentHello, n.hsWrites = n.hello(), false
@@ -516,6 +527,7 @@ func (n *Node) disconnect(reason string, to ConnState) {
 	clear(n.rsByOff)
 	clear(n.cmp)
 	n.peerHello = nil
+	n.awaitStart = false
 	// What we knew of the peer is stale from now on: report it as unknown
 	// (DRBD's DUnknown) rather than as it was at the last contact.
 	n.peerRole, n.peerDisk = RoleUnknown, DiskUnknown
@@ -848,6 +860,10 @@ func (n *Node) Tick() {
 			n.disconnect(reason, Connecting)
 			return
 		}
+		if reason := n.handshakeStalled(); reason != "" {
+			n.disconnect(reason, Connecting)
+			return
+		}
 		if n.tick-n.lastPing >= int64(n.cfg.PingInterval) {
 			n.lastPing = n.tick
 			n.send(Message{Type: MsgPing})
@@ -885,6 +901,34 @@ func (n *Node) Tick() {
 	n.pump()
 }
 
+// handshakeTimeout is how long a handshake may go without progress while
+// the peer answers pings: max(PingTimeout, KoTicks) ticks, the patience
+// given to a peer that is alive but does not complete a replicated write.
+func (n *Node) handshakeTimeout() int64 {
+	return int64(max(n.cfg.PingTimeout, n.cfg.KoTicks))
+}
+
+// handshakeStalled returns a disconnect reason when the handshake has made
+// no progress for handshakeTimeout ticks: still in Handshake (the peer's
+// Hello or bitmap never came), or sync target still waiting for the
+// source's SyncStart. The ping timeout cannot see this: pings flow both
+// ways, so the peer is heard from all along. Seen in the fault loop when a
+// driver bug left one side's new connection without a Hello (fixed in the
+// driver's addHalf); this deadline makes any such stall end in a redial
+// rather than a pair stuck for good, whatever its cause.
+func (n *Node) handshakeStalled() string {
+	if n.tick-n.hsAt <= n.handshakeTimeout() {
+		return ""
+	}
+	switch {
+	case n.conn == Handshake:
+		return fmt.Sprintf("handshake timeout: the peer answers pings but did not complete the handshake in %d ticks (ko)", n.tick-n.hsAt)
+	case n.conn == SyncTarget && n.awaitStart:
+		return fmt.Sprintf("handshake timeout: the peer answers pings but did not start the resync in %d ticks (ko)", n.tick-n.hsAt)
+	}
+	return ""
+}
+
 // ---- peer messages ----
 
 // Step feeds one message from the peer. A protocol violation disconnects.
@@ -913,6 +957,7 @@ func (n *Node) step(m Message) error {
 		}
 		n.peerHello = &h
 		n.peerRole, n.peerDisk = h.Role, h.Disk
+		n.hsAt = n.tick
 		n.maybeDecide()
 	case MsgBitmap:
 		if n.conn != Handshake || n.peerBMDone {
@@ -926,6 +971,7 @@ func (n *Node) step(m Message) error {
 		if err != nil {
 			return err
 		}
+		n.hsAt = n.tick
 		if m.Flags&FlagLast != 0 {
 			n.peerBMDone = true
 			n.maybeDecide()
@@ -971,6 +1017,7 @@ func (n *Node) step(m Message) error {
 			return errors.New("primary cannot be sync target")
 		}
 		n.conn = SyncTarget
+		n.awaitStart = false
 		if m.Seq != 0 && m.Seq != n.meta.Gens.Current {
 			n.meta.Gens.pushHistory(n.meta.Gens.Current)
 			n.meta.Gens.Current = m.Seq
@@ -985,6 +1032,7 @@ func (n *Node) step(m Message) error {
 			n.meta.Gens.pushHistory(n.meta.Gens.Current)
 		}
 		n.meta.Gens.Current, n.meta.Gens.Bitmap = m.Seq, 0
+		n.awaitStart = false
 		n.meta.Disk = UpToDate
 		n.bm.LoadWords(nil)
 		n.metaDirty, n.bmDirty = true, true
@@ -1053,6 +1101,7 @@ func (n *Node) maybeDecide() {
 			return
 		}
 		n.conn = SyncTarget // the source's SyncStart sets generation and disk
+		n.awaitStart, n.hsAt = true, n.tick
 		n.peerBitmap = nil
 	case NoSync:
 		n.conn = Connected

@@ -99,8 +99,8 @@ const (
 var (
 	ErrNotFound = errors.New("no such volume")
 	ErrExists   = errors.New("volume already exists")
-	ErrInUse    = errors.New("volume is exported (connected clients); use force to override")
-	ErrShrink   = errors.New("shrinking a volume destroys data at its end; use force to override")
+	ErrInUse    = errors.New("volume is exported (connected clients); use --force to override")
+	ErrShrink   = errors.New("shrinking a volume destroys data at its end; use --force to override")
 	ErrLocked   = errors.New("data directory is in use by another vmsan process")
 	ErrBadSize  = errors.New("invalid volume size")
 	ErrInvalid  = errors.New("invalid volume option")

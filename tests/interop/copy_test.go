@@ -149,7 +149,7 @@ func jsonStart(s string) string {
 	return s
 }
 
-// TestFioSequential4KMerged is seed 002 end to end: a real client (fio's nbd
+// TestFioSequential4KMerged is the small-write merging case end to end: a real client (fio's nbd
 // engine) streams sequential 4 KiB writes at QD32 over one connection, and
 // the engine's counters (`vmsan status --json`) show how many backend writes
 // they became.
@@ -177,7 +177,7 @@ func TestFioSequential4KMerged(t *testing.T) {
 		t.Logf("attempt %d: no merging; retrying once", attempt)
 	}
 	if e.MeanWriteBytes <= float64(4*KiB) {
-		t.Fatalf("mean backend write %.0f B: sequential 4 KiB writes at QD32 were not merged at all (seed 002)", e.MeanWriteBytes)
+		t.Fatalf("mean backend write %.0f B: sequential 4 KiB writes at QD32 were not merged at all", e.MeanWriteBytes)
 	}
 	if os.Getenv("VMSAN_STRICT_MERGE") != "" && e.MeanWriteBytes < float64(64*KiB) {
 		t.Fatalf("mean backend write %.0f B < 64 KiB (issue 2's target for QD >= 16)", e.MeanWriteBytes)

@@ -19,7 +19,7 @@ import (
 // guestSeq4K is how many sequential 4 KiB O_DIRECT writes the guest issues
 // after the pattern (QD1: dd waits for each); guestSeqBuf how many buffered
 // 4 KiB writes it then issues with its own merging disabled (many in flight:
-// seed 002's workload). Both regions are verified too.
+// the replicated small-write workload). Both regions are verified too.
 const (
 	guestSeq4K  = 1024
 	guestSeqBuf = 1024
@@ -179,7 +179,7 @@ func engineStats(t testing.TB, tg *target) *vmsanEngine {
 }
 
 // logServerStats records what the server saw (request sizes, merging) if the
-// server under test can report it. Seed 002 is about exactly this: whether a
+// server under test can report it. The replicated small-write case is about exactly this: whether a
 // guest's sequential 4 KiB writes reach the disk as 4 KiB writes. It logs,
 // never fails: these are observations (TestFioSequential4KMerged asserts).
 func logServerStats(t testing.TB, tg *target) {

@@ -128,7 +128,7 @@ func (v *verifyingWriter) check(t *testing.T, c *client.Conn) {
 	}
 }
 
-// Seed 002's failure mode: the secondary is frozen (SIGSTOP) while a
+// The replicated small-write failure mode: the secondary is frozen (SIGSTOP) while a
 // client writes through the primary. Its kernel still accepts TCP
 // connections, so every redial ends in a handshake that never completes.
 // The primary must stop waiting for it after the ping timeout and run at

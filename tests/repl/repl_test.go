@@ -221,7 +221,7 @@ func TestSplitBrainPolicyDiscardZeroChanges(t *testing.T) {
 	}
 }
 
-// Seed 002: sequential 4 KiB writes on the primary become large merged
+// Sequential 4 KiB writes on the primary become large merged
 // writes on the secondary (its engine's counters).
 func TestSecondaryMergesFio(t *testing.T) {
 	need(t, "fio")

@@ -187,7 +187,7 @@ func TestReplicateProtocolC(t *testing.T) {
 	}
 }
 
-// Seed 002: the secondary must apply a stream of sequential 4 KiB writes
+// The secondary must apply a stream of sequential 4 KiB writes
 // as large merged writes. The engine's counters prove it.
 func TestSecondaryMergesSequentialWrites(t *testing.T) {
 	a, b := pair(t, 64<<20, "A")
@@ -278,7 +278,7 @@ func TestPromoteRefusedWhilePeerPrimary(t *testing.T) {
 	_ = repl.ChunkSize
 }
 
-// Seed 002's second half: a secondary whose disk is slow and whose data
+// The second half of the replicated small-write case: a secondary whose disk is slow and whose data
 // link is saturated must still answer pings (they travel on the control
 // connection), so the pair never disconnects spuriously. The ping timeout
 // here is 200 ms while the data backlog is seconds long.

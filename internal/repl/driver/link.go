@@ -173,11 +173,24 @@ func (r *Replica) addHalf(ev event) {
 		p.ctl.Close()
 		return
 	}
-	if r.link != nil {
+	// Settle the node before the new link exists. Its Ready may still hold
+	// the disconnect of a link lost earlier in this batch of events
+	// (evLinkErr drops the link but leaves the node's output to process):
+	// processed after the new link is installed, that disconnect would
+	// tear down the new link instead, leaving the node in Handshake with
+	// no link, and Connect below would then be a no-op at the next pair
+	// (no Hello sent: the peer hears pings but never completes its
+	// handshake). And a node not back in Connecting still believes in an
+	// earlier connection: end it, so Connect starts a fresh handshake.
+	r.processNow()
+	if st := r.node.Status().Conn; r.link != nil || st != repl.Connecting {
 		r.dropLink()
 		r.node.Disconnect("replaced by a new connection")
-		r.process()
+		r.processNow()
 	}
+	// INVARIANT: here the node is Connecting, its Ready holds no
+	// disconnect, and r.link is nil: Connect sends Hello and bitmap on the
+	// new link, and nothing pending can drop it.
 	r.epoch++
 	r.rxReset()
 	l := newLink(r, r.epoch, p.data, p.ctl)

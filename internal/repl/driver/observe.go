@@ -29,7 +29,7 @@ import (
 const (
 	ReasonAdmin            = "admin"             // vmsan repl disconnect
 	ReasonPingTimeout      = "ping_timeout"      // peer silent for the ping timeout
-	ReasonKoTimeout        = "ko_timeout"        // peer alive but a write stayed unacknowledged for ko ticks
+	ReasonKoTimeout        = "ko_timeout"        // peer alive (answers pings) but a write stayed unacknowledged, or the handshake made no progress, for ko ticks
 	ReasonPeerClosed       = "peer_closed"       // EOF/reset from the peer, or the peer dialed anew
 	ReasonIOError          = "io_error"          // any other socket error
 	ReasonProtocolError    = "protocol_error"    // malformed or unexpected message

@@ -29,6 +29,8 @@ func TestClassifyDisconnect(t *testing.T) {
 		{"administrative disconnect", nil, ReasonAdmin},
 		{"ping timeout", nil, ReasonPingTimeout},
 		{fmt.Sprintf("peer alive but did not complete write seq %d in %d ticks (ko)", 7, 101), nil, ReasonKoTimeout},
+		{fmt.Sprintf("handshake timeout: the peer answers pings but did not complete the handshake in %d ticks (ko)", 31), nil, ReasonKoTimeout},
+		{fmt.Sprintf("handshake timeout: the peer answers pings but did not start the resync in %d ticks (ko)", 31), nil, ReasonKoTimeout},
 		{"protocol error: repl: RSData while Connected", nil, ReasonProtocolError},
 		{repl.SplitBrain.String() + ": split brain: both sides wrote since generation 6101", nil, ReasonSplitBrain},
 		{repl.Unrelated.String() + ": no common generation", nil, ReasonHandshakeRefused},

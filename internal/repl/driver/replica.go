@@ -105,6 +105,9 @@ type Replica struct {
 	closed   atomic.Bool
 	wg       sync.WaitGroup
 	closeErr error
+	// deferredErr: a process() failure inside an event handler
+	// (processNow); the loop stops on it as on its own. Loop only.
+	deferredErr error
 }
 
 const (
@@ -318,7 +321,11 @@ func (r *Replica) loop() {
 			r.node.Tick()
 			tick = true
 		}
-		if err := r.process(); err != nil {
+		err := r.deferredErr
+		if err == nil {
+			err = r.process()
+		}
+		if err != nil {
 			// Metadata could not be persisted: continuing could acknowledge
 			// writes whose out-of-sync state is not durable. Stop.
 			r.log.Error("replication metadata write failed; stopping replication", "err", err)
@@ -465,6 +472,15 @@ func (r *Replica) process() error {
 	}
 	r.obs.pending.Store(int64(len(r.clients)))
 	return nil
+}
+
+// processNow drains the node's Ready in the middle of a batch of events
+// (the loop processes once per batch). A failure is kept for the loop,
+// which stops replication on it. REQUIRES: loop goroutine.
+func (r *Replica) processNow() {
+	if err := r.process(); err != nil && r.deferredErr == nil {
+		r.deferredErr = err
+	}
 }
 
 func (r *Replica) drainCompletions() {

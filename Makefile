@@ -11,6 +11,7 @@
 #   make bench   Go benchmarks
 #   make soak    long-running soak tests (VMSAN_SOAK=1): the daemon soak and
 #                100 rounds of the replication fault loop (tests/repl)
+#   make scenarios  the replayed field cases (scenarios/*.sh, root; not part of test)
 #
 # Output is plain `go test` output so that CI logs end with the summary lines.
 
@@ -34,7 +35,7 @@ APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client 
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze
 
-.PHONY: all build install deb test deps vet unit race fuzz-short fuzz bench soak clean
+.PHONY: all build install deb test deps vet unit race fuzz-short fuzz bench soak clean scenarios
 
 all: build
 
@@ -156,6 +157,14 @@ bench:
 
 soak:
 	VMSAN_SOAK=1 $(GO) test -count=1 -run Soak -timeout 3h ./...
+
+# The replayed field cases (docs/scenarios.md): each script ≤ 10 min on 2 cores,
+# needs root (loop devices, cgroups), writes to scenarios/out/. Not part of
+# `make test`: they measure, they do not assert.
+scenarios:
+	scenarios/000-iscsi-multipath.sh
+	scenarios/001-filesystems.sh
+	scenarios/002-replication.sh
 
 clean:
 	rm -rf bin

@@ -1,14 +1,15 @@
 // Package repl is vmsan's synchronous block replication (DRBD-style) between
-// two nodes, written as a deterministic state machine in the style of
-// etcd-io/raft: a Node has no sockets, clocks, goroutines or disk calls.
+// two nodes, written as a deterministic state machine in the style of raft
+// libraries' Ready loop: a Node has no sockets, clocks, goroutines or disk
+// calls.
 //
 // Simplest use (the driver in internal/repl/driver does exactly this):
 //
-//	n := repl.NewNode(cfg, persisted)
+//	n := repl.NewNode(cfg, meta, bitmapWords, alExtents) // persisted state
 //	n.Connect()                        // both TCP channels are up
 //	n.Step(msgFromPeer)                // a decoded peer message
-//	n.Propose(id, repl.Write{...})     // a client write on the primary
-//	n.Tick()                           // every Config.TickInterval
+//	id, err := n.Propose(repl.Write{...}) // a client write on the primary
+//	n.Tick()                           // every tick (driver Settings.TickMillis)
 //	for n.HasReady() {
 //	    rd := n.Ready()
 //	    persist(rd.Persist)            // 1. make metadata/AL/bitmap durable
@@ -25,9 +26,18 @@
 // timeouts — is tested by replaying scenario files in testdata/ without any
 // I/O.
 //
+// Files by phase: node.go (types, NewNode, Ready, admin inputs, Step's
+// dispatch), connect.go (connection life cycle, handshake, decision; the
+// comparison itself is Decide in decide.go), primary.go (client writes and
+// their release), secondary.go (applying the replicated stream), resync.go
+// (resync and online verify), activitylog.go (activity log), tick.go
+// (timeouts), bitmap.go (dirty bitmap), msg.go (wire format). Each file
+// lists the invariants it keeps as INVARIANT comments at its top.
+//
 // Concurrency: a Node is NOT safe for concurrent use. The driver owns it from
 // one goroutine and serialises every input.
 //
-// Wire format: Encode/Decode in msg.go are pure functions over []byte; every
-// length read from the wire is bounded before allocating.
+// Wire format: AppendEncode/AppendHeader and Decode/DecodeHeader in msg.go
+// are pure functions over []byte; every length read from the wire is bounded
+// before allocating.
 package repl

@@ -86,7 +86,7 @@ const (
 )
 
 // Message is one replication message. Data is borrowed: Decode returns a
-// slice of its input, and Encode copies it.
+// slice of its input, and AppendEncode copies it.
 type Message struct {
 	Type   MsgType
 	Flags  uint8

@@ -17,7 +17,7 @@ import (
 	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
 )
 
-// The node's reason texts (node.go) must map to their kinds; a reworded
+// The node's reason texts (internal/repl: connect.go, tick.go, node.go) must map to their kinds; a reworded
 // reason that falls to "other" fails here instead of silently moving the
 // metric.
 func TestClassifyDisconnect(t *testing.T) {

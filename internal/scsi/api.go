@@ -1,0 +1,158 @@
+// Package scsi emulates SCSI block logical units (SPC-4 and SBC-3 as Linux
+// sd, libiscsi's test suite, QEMU, VMware and Windows use them) over the
+// volume runtime's devices. It knows nothing of iSCSI: a transport (the
+// iSCSI target in internal/iscsi/target) decodes its PDUs into a Task,
+// collects the data-out, calls Execute and sends the Result back.
+//
+// Simplest use (a transport, per command):
+//
+//	lu := scsi.New(scsi.Config{Registry: reg, LUNs: lunMap})
+//	lu.Execute(&scsi.Task{Nexus: n, LUN: 0, CDB: cdb, ExpectedIn: edtl},
+//		func(r *scsi.Result) { send(r.Status, r.Sense, r.DataIn); r.Release() })
+//
+// Concurrency: a Target is safe for concurrent use by every session of
+// every transport; done may run on the caller's goroutine before Execute
+// returns or on an engine goroutine, exactly once.
+package scsi
+
+// This file is the contract between the SCSI emulation and its transports;
+// change it only in step with internal/iscsi/target.
+
+// Nexus is an I_T nexus: one initiator port talking to one target port.
+// Reservations, unit attentions and ALUA states are kept per nexus or per
+// target port. A transport allocates one per session and passes the same
+// pointer with every task of that session.
+type Nexus struct {
+	// InitiatorName is the initiator's name (an iSCSI IQN/EUI/NAA name).
+	InitiatorName string
+	// InitiatorPort is the SPC-4 initiator port name: for iSCSI
+	// "NAME,i,0xISID" (12 hex digits), unique per session.
+	InitiatorPort string
+	// TargetName is the target's name (the iSCSI TargetName).
+	TargetName string
+	// RelativePort is the relative target port identifier (1..65535) of
+	// the portal the session came in on (VPD 83 designator type 4).
+	RelativePort uint16
+	// PortGroup is the target port group of that portal (VPD 83 type 5,
+	// REPORT TARGET PORT GROUPS).
+	PortGroup uint16
+}
+
+// Task attributes (SAM-5), as the transport received them.
+const (
+	AttrSimple  = 0
+	AttrOrdered = 1
+	AttrHead    = 2
+	AttrACA     = 3
+)
+
+// Task is one SCSI command as the transport received it.
+type Task struct {
+	Nexus *Nexus
+	// LUN is the logical unit number, decoded from SAM's 8-byte LUN
+	// (flat or peripheral addressing, numbers < 16384).
+	LUN uint64
+	// CDB is the command descriptor block (16 bytes from the BHS, more
+	// from an Extended CDB AHS); trailing zero padding is allowed.
+	CDB []byte
+	// Tag identifies the task for ABORT TASK (iSCSI: the ITT).
+	Tag uint32
+	// Attr is the task attribute (AttrSimple...).
+	Attr uint8
+	// DataOut is every data-out byte the initiator sent for the command
+	// (immediate, unsolicited and solicited), at most the expected data
+	// transfer length. The Target may keep it until done is called.
+	DataOut []byte
+	// ExpectedOut and ExpectedIn are the initiator's expected data
+	// transfer lengths (iSCSI EDTL and the bidirectional read EDTL); the
+	// Target computes residuals against them.
+	ExpectedOut uint32
+	ExpectedIn  uint32
+}
+
+// Result is a completed task: what the transport sends back.
+type Result struct {
+	// Status is the SCSI status (GOOD 0x00, CHECK CONDITION 0x02,
+	// CONDITION MET 0x04, BUSY 0x08, RESERVATION CONFLICT 0x18,
+	// TASK SET FULL 0x28, ACA ACTIVE 0x30, TASK ABORTED 0x40).
+	Status uint8
+	// Sense is the sense data (fixed 0x70 or descriptor 0x72) when
+	// Status is CHECK CONDITION; nil otherwise.
+	Sense []byte
+	// DataIn is the data-in to send, already cut to ExpectedIn.
+	DataIn []byte
+	// Residual is the SCSI residual count against the expected transfer
+	// length in the command's direction; Overflow/Underflow say which
+	// (iSCSI's O and U bits). Both false means Residual is 0.
+	Residual  uint32
+	Overflow  bool
+	Underflow bool
+
+	release func()
+}
+
+// SetRelease registers the function Release calls (package-internal use
+// by the Target, and by transports' test fakes).
+func (r *Result) SetRelease(f func()) { r.release = f }
+
+// Release returns DataIn's buffer to its pool. The transport calls it once
+// the data-in has been written; DataIn must not be used afterwards.
+// Safe to call on a Result without a pool, and more than once.
+func (r *Result) Release() {
+	if f := r.release; f != nil {
+		r.release = nil
+		f()
+	}
+}
+
+// Task management functions (SAM-5 names; iSCSI function codes).
+const (
+	TMFAbortTask        = 1
+	TMFAbortTaskSet     = 2
+	TMFClearACA         = 3
+	TMFClearTaskSet     = 4
+	TMFLogicalUnitReset = 5
+	TMFTargetWarmReset  = 6
+	TMFTargetColdReset  = 7
+)
+
+// Task management responses (iSCSI Task Management Response codes).
+const (
+	TMFComplete             = 0
+	TMFTaskDoesNotExist     = 1
+	TMFLUNDoesNotExist      = 2
+	TMFTaskStillAllegiant   = 3
+	TMFReassignNotSupported = 4
+	TMFNotSupported         = 5
+	TMFAuthorizationFailed  = 6
+	TMFRejected             = 255
+)
+
+// Transport is what the Target needs from the transport for task
+// management: the SCSI layer decides what a reset means (unit attentions,
+// reservation release), the transport owns the task lists.
+//
+// The Target's task-management entry point (implemented in this package):
+//
+//	func (t *Target) TaskManagement(fn uint8, n *Nexus, lun uint64) uint8
+//
+// is called by the transport after it has aborted (and waited for) the
+// affected tasks; it returns a TMF* response. NexusLost(n) is called when
+// a session ends (reservations of registrants without APTPL survive, per
+// SPC-4; RESERVE(6) reservations are released).
+//
+// The Target's constructor and methods (implemented in target.go):
+//
+//	type LUN struct { Number uint64; Volume string }
+//	type Config struct {
+//		Registry export.Registry  // opens volumes by name
+//		LUNs     func() []LUN     // the LUN map, read per REPORT LUNS/lookup
+//		StateDir func(volume string) (string, error) // APTPL reservations
+//		// identity strings (vendor "VMSAN", product, revision) and the
+//		// ALUA port groups and their states
+//	}
+//	func New(cfg Config) *Target
+//	func (t *Target) Execute(task *Task, done func(*Result))
+//	func (t *Target) TaskManagement(fn uint8, n *Nexus, lun uint64) uint8
+//	func (t *Target) NexusLost(n *Nexus)
+//	func (t *Target) Close() // releases opened devices

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
@@ -46,6 +47,9 @@ func (r registry) open(name string, wrap bool) (export.Device, error) {
 	vols := *r.d.vols.Load()
 	if name == "" {
 		name = r.d.defaultExport(vols)
+	}
+	if strings.Contains(name, volume.SnapSep) {
+		return r.d.openSnapshot(name) // VOL@SNAP: read-only, never wrapped
 	}
 	v := vols[name]
 	if v == nil {

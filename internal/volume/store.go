@@ -133,6 +133,9 @@ type Meta struct {
 	// Replication records it and resyncs in full when it changed.
 	DataID   string `json:"data_id,omitempty"`
 	DataFile FileID `json:"data_file,omitzero"`
+	// Rollback is set while a rollback to a snapshot rewrites the raw file
+	// (snapshot.go); found set at Open, the rollback is completed.
+	Rollback *RollbackMark `json:"rollback,omitempty"`
 }
 
 // CreateOptions describes a new volume. Zero values get defaults: block
@@ -295,6 +298,10 @@ func (s *Store) reconcile() error {
 }
 
 func (s *Store) reconcileOne(m Meta) {
+	m = s.reconcileRollback(m)
+	if m.Rollback != nil {
+		return // CheckRaw reports it
+	}
 	p := s.RawPath(m.Name)
 	st, err := os.Lstat(p)
 	if err != nil || !st.Mode().IsRegular() {
@@ -741,7 +748,7 @@ func (s *Store) Update(name string, fn func(*Meta) error) (Meta, error) {
 	}
 	n.Name, n.UUID, n.Size, n.LogicalBlockSize, n.PhysicalBlockSize, n.Created, n.Version =
 		m.Name, m.UUID, m.Size, m.LogicalBlockSize, m.PhysicalBlockSize, m.Created, m.Version
-	n.ResizeFrom, n.DataID, n.DataFile = m.ResizeFrom, m.DataID, m.DataFile
+	n.ResizeFrom, n.DataID, n.DataFile, n.Rollback = m.ResizeFrom, m.DataID, m.DataFile, m.Rollback
 	if n.Cache, err = backend.ParseCacheMode(string(n.Cache)); err != nil {
 		return Meta{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -767,6 +774,9 @@ func (s *Store) Delete(name string, force bool) error {
 	}
 	if !force && s.hooks.InUse != nil && s.hooks.InUse(name) {
 		return fmt.Errorf("volume %s: %w", name, ErrInUse)
+	}
+	if err := s.snapshotsBlockDelete(name, force); err != nil {
+		return err
 	}
 	// Metadata first: once it is gone the volume does not exist, whatever
 	// else a crash leaves behind.

@@ -257,6 +257,6 @@ the data directory directly, so the daemon must be stopped.`,
 	rf.BoolVar(&repairMode.newID, "new-identity", false, "only give the volume a new data identity (replicas resync in full)")
 	vc.AddCommand(create, list, info, resize, set, del, repair)
 	vc.AddCommand(snapshotCommands(&dataDir, &asJSON)...) // snapshot, clone, rollback, import, export: see snapshot.go
-	vc.AddCommand(replVolumeCommands()...) // promote, demote, verify: see repl.go
+	vc.AddCommand(replVolumeCommands()...)                // promote, demote, verify: see repl.go
 	rootCmd.AddCommand(vc)
 }

@@ -23,6 +23,11 @@ func mutates(op ioengine.Op) bool {
 // clients see latency, not errors; callers keep the window short (a
 // reflink is instant; a full copy holds writes for its whole duration).
 //
+// REQUIRES: a request's Done callback never submits a write to the same
+// volume synchronously (it would wait for resume while holding the gate
+// shared, and Quiesce would wait for it): front ends reply, replication
+// queues completions for its loop; neither submits from Done.
+//
 // INVARIANT: between Quiesce returning and resume, no write reaches the
 // backend through a device of this volume: a mutating Submit holds gate
 // shared across the engine Submit call, Quiesce holds it exclusively, and

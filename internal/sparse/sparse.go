@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -50,8 +51,8 @@ type Options struct {
 }
 
 // FileData returns the DataFunc of a file, from SEEK_DATA and SEEK_HOLE.
-// A filesystem without them (lseek returns EINVAL for SEEK_DATA only on a
-// very old kernel) reports the whole file as data.
+// Where lseek refuses them (EINVAL: block devices, very old kernels) the
+// whole source is data.
 func FileData(f *os.File) DataFunc {
 	fd := int(f.Fd())
 	return func(off int64) (int64, int64, bool, error) {
@@ -60,11 +61,9 @@ func FileData(f *os.File) DataFunc {
 			return 0, 0, false, nil // only a hole from off to EOF
 		}
 		if errors.Is(err, unix.EINVAL) {
-			st, serr := f.Stat()
-			if serr != nil {
-				return 0, 0, false, serr
-			}
-			return off, st.Size(), off < st.Size(), nil
+			// No hole information (a block device, an old kernel): all
+			// data to the end, which Copy bounds by its size.
+			return off, math.MaxInt64, true, nil
 		}
 		if err != nil {
 			return 0, 0, false, err
@@ -118,9 +117,13 @@ func Copy(ctx context.Context, dst io.WriterAt, src io.ReaderAt, size int64, o O
 				n = min(n, chunk-a)
 			}
 			b := buf[:n]
-			if _, err := src.ReadAt(b, p); err != nil && !(errors.Is(err, io.EOF) && p+int64(n) >= size) {
+			got, err := src.ReadAt(b, p)
+			if err != nil && !errors.Is(err, io.EOF) {
 				return fmt.Errorf("sparse: read at %d: %w", p, err)
 			}
+			// A source shorter than size reads as zeroes past its end
+			// (never the previous chunk's bytes).
+			clear(b[got:])
 			if err := writeNonZero(dst, b, p); err != nil {
 				return err
 			}

@@ -105,3 +105,16 @@ func TestCopyCancelled(t *testing.T) {
 		t.Fatal("negative size accepted")
 	}
 }
+
+// TestCopyShortSource: past the end of a shorter source the destination
+// reads as zeroes, not as bytes left in the buffer by the previous chunk.
+func TestCopyShortSource(t *testing.T) {
+	src := bytes.Repeat([]byte{9}, chunk+100) // one full chunk of 9s, then 100
+	w := &memWriter{buf: make([]byte, 2*chunk)}
+	if err := Copy(context.Background(), w, bytes.NewReader(src), 2*chunk, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(w.buf[:len(src)], src) || !isZero(w.buf[len(src):]) {
+		t.Fatal("bytes past the end of the source are not zero")
+	}
+}

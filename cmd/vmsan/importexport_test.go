@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -294,4 +295,48 @@ func TestExportIncremental(t *testing.T) {
 	if sha(t, filepath.Join(data, "volumes", "restored.raw")) != sha(t, full) {
 		t.Fatal("restore from the incremental export differs")
 	}
+}
+
+// TestExportIncrementalReflink: on xfs the base and the new snapshot are
+// reflinks of the volume, so the blocks nobody wrote since the base are
+// shared and not even read: only the rewritten region is compared.
+func TestExportIncrementalReflink(t *testing.T) {
+	testutil.NeedTool(t, "qemu-img")
+	testutil.NeedTool(t, "qemu-nbd")
+	testutil.NeedTool(t, "qemu-io")
+	tmp := t.TempDir()
+	data := filepath.Join(testutil.LoopMount(t, "mkfs.xfs", 320<<20, "-q", "-f", "-m", "reflink=1"), "data")
+	vmsan(t, "volume", "create", "--data-dir", data, "v", "--size", "64M")
+	raw := filepath.Join(data, "volumes", "v.raw")
+	qio := func(cmds ...string) {
+		t.Helper()
+		args := []string{"-f", "raw"}
+		for _, c := range cmds {
+			args = append(args, "-c", c)
+		}
+		if out, err := exec.Command("qemu-io", append(args, raw)...).CombinedOutput(); err != nil {
+			t.Fatalf("qemu-io: %v\n%s", err, out)
+		}
+	}
+	qio("write -P 0x44 0 32M")
+	vmsan(t, "volume", "snapshot", "--data-dir", data, "v", "mon")
+	vmsan(t, "volume", "export", "--data-dir", data, "v@mon", filepath.Join(tmp, "mon.raw"))
+	qio("write -P 0x55 4M 1M", "write -z 8M 1M")
+	vmsan(t, "volume", "snapshot", "--data-dir", data, "v", "tue")
+	inc := filepath.Join(tmp, "tue.qcow2")
+	out := vmsan(t, "volume", "export", "--data-dir", data, "v@tue", inc, "--since", "mon", "--backing", "mon.raw")
+	var changed, read int64
+	i := strings.Index(out, "incremental export: ")
+	if i < 0 {
+		t.Fatalf("no summary in:\n%s", out)
+	}
+	if _, err := fmt.Sscanf(out[i:], "incremental export: %d bytes changed since the base (%d bytes read", &changed, &read); err != nil {
+		t.Fatalf("summary %q: %v", out[i:], err)
+	}
+	if changed != 2<<20 || read > 4<<20 {
+		t.Fatalf("changed %d bytes (want %d), read %d to compare (want only the rewritten MiBs, not 32 MiB)", changed, 2<<20, read)
+	}
+	full := filepath.Join(tmp, "tue.raw")
+	vmsan(t, "volume", "export", "--data-dir", data, "v@tue", full)
+	compareImages(t, inc, full)
 }

@@ -118,3 +118,26 @@ func TestCopyShortSource(t *testing.T) {
 		t.Fatal("bytes past the end of the source are not zero")
 	}
 }
+
+func TestSameBlocks(t *testing.T) {
+	a := []Extent{{0, 1000, 100, 0}, {200, 5000, 100, ExtentShared}}
+	b := []Extent{{0, 1000, 50, ExtentShared}, {50, 1050, 50, 0}, {200, 5000, 50, 0}, {250, 9000, 50, 0}}
+	for _, c := range []struct {
+		off, n int64
+		want   bool
+	}{
+		{0, 100, true},    // split differently, same addresses
+		{10, 20, true},    // inside
+		{90, 20, false},   // runs into a hole
+		{200, 50, true},   // shared part
+		{200, 100, false}, // b moved its second half (rewritten)
+		{150, 10, false},  // hole in both: not "shared"
+	} {
+		if got := SameBlocks(a, b, c.off, c.n); got != c.want {
+			t.Errorf("SameBlocks(%d, %d) = %v, want %v", c.off, c.n, got, c.want)
+		}
+	}
+	if SameBlocks([]Extent{{0, 0, 10, 0x8}}, []Extent{{0, 0, 10, 0x8}}, 0, 10) {
+		t.Error("extents with an unknown address (flag 0x8) compared equal")
+	}
+}

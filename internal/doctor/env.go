@@ -119,20 +119,35 @@ func (e *env) loadVolumes() {
 	}
 }
 
-// loadRepl reads <data_dir>/repl/*/config.json. The tick-based settings
-// are converted to durations with the driver's defaults.
+// loadRepl reads every volume's replication settings (config.json in
+// driver.Dir, or in the old <data_dir>/repl/<volume> that the next
+// `vmsan serve` moves there). The tick-based settings are converted to
+// durations with the driver's defaults.
 func (e *env) loadRepl() {
-	names, _ := filepath.Glob(filepath.Join(e.dir, "repl", "*", "config.json"))
-	sort.Strings(names)
-	for _, p := range names {
+	type found struct{ vol, path string }
+	var names []found
+	seen := map[string]bool{}
+	for _, v := range volume.StateVolumes(e.dir, filepath.Join("repl", "config.json")) {
+		names = append(names, found{v, filepath.Join(driver.Dir(e.dir, v), "config.json")})
+		seen[v] = true
+	}
+	old, _ := filepath.Glob(filepath.Join(e.dir, "repl", "*", "config.json"))
+	for _, p := range old {
+		if v := filepath.Base(filepath.Dir(p)); !seen[v] {
+			names = append(names, found{v, p})
+		}
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i].vol < names[j].vol })
+	for _, f := range names {
+		p := f.path
 		var s driver.Settings
 		if err := readJSON(p, &s); err != nil {
-			e.volErrs = append(e.volErrs, fmt.Sprintf("repl/%s: %v", filepath.Base(filepath.Dir(p)), err))
+			e.volErrs = append(e.volErrs, fmt.Sprintf("replication settings of %s: %v", f.vol, err))
 			continue
 		}
 		tick := time.Duration(orInt(s.TickMillis, 100)) * time.Millisecond
 		e.repls = append(e.repls, Repl{
-			Volume:      filepath.Base(filepath.Dir(p)),
+			Volume:      f.vol,
 			Listen:      s.Listen,
 			Peer:        s.Peer,
 			Protocol:    orString(s.Protocol, "C"),

@@ -15,10 +15,12 @@ import (
 
 	"github.com/vmsan/vmsan/internal/atomicfile"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // Settings are a replicated volume's configuration, stored as
-// <data_dir>/repl/<volume>/config.json (written by `vmsan repl configure`).
+// config.json in the volume's replication directory (Dir; written by
+// `vmsan repl configure`).
 type Settings struct {
 	// Listen is this node's replication address for the volume, Peer the
 	// other node's. The node whose Listen sorts lower dials; the other only
@@ -52,8 +54,13 @@ type Settings struct {
 	Checksum      bool  `json:"checksum_resync,omitempty"`
 }
 
-// Dir is where a volume's replication files live.
-func Dir(dataDir, volume string) string { return filepath.Join(dataDir, "repl", volume) }
+// Dir is where a volume's replication files live: repl/ in the volume's
+// state directory (volume.StatePath), so deleting the volume deletes them.
+// REQUIRES: name passed volume.ValidateName (Configure checks it; other
+// callers only read, and the store validates before acting).
+func Dir(dataDir, name string) string {
+	return filepath.Join(dataDir, volume.VolumesDir, name+volume.StateExt, "repl")
+}
 
 // LoadSettings reads config.json; os.ErrNotExist means "not replicated".
 func LoadSettings(dir string) (Settings, error) {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,12 +27,20 @@ import (
 type engDev struct {
 	be  *backend.File
 	eng *ioengine.Engine
+	// onSubmit, when set, sees every request before the engine does
+	// (atomic: a test sets it while the replica runs).
+	onSubmit atomic.Pointer[func(*ioengine.Request)]
 }
 
 func (d *engDev) Info() export.Info {
 	return export.Info{Name: "v", Size: d.be.Size(), CanMultiConn: true, MinBlock: 1, PrefBlock: 4096, MaxBlock: 32 << 20}
 }
-func (d *engDev) Submit(r *ioengine.Request) { d.eng.Submit(r) }
+func (d *engDev) Submit(r *ioengine.Request) {
+	if f := d.onSubmit.Load(); f != nil {
+		(*f)(r)
+	}
+	d.eng.Submit(r)
+}
 func (d *engDev) Extents(off, l int64) ([]backend.Extent, error) {
 	return d.be.Extents(off, l)
 }
@@ -191,6 +200,13 @@ func TestReplicateProtocolC(t *testing.T) {
 // as large merged writes. The engine's counters prove it.
 func TestSecondaryMergesSequentialWrites(t *testing.T) {
 	a, b := pair(t, 64<<20, "A")
+	var more atomic.Int64
+	count := func(r *ioengine.Request) {
+		if r.Op == ioengine.OpWrite && r.More {
+			more.Add(1)
+		}
+	}
+	b.dev.onSubmit.Store(&count)
 	waitFor(t, "connect", 10*time.Second, connected(a))
 	const n = 2048
 	errs := make(chan error, n)
@@ -208,10 +224,17 @@ func TestSecondaryMergesSequentialWrites(t *testing.T) {
 		return b.dev.eng.Stats().Requests.Write >= n
 	})
 	st := b.dev.eng.Stats()
-	t.Logf("secondary: %d write requests, %d backend writes, merged %d, mean write %.0f bytes",
-		st.Requests.Write, st.BackendOps.Write, st.Merged, st.MeanWriteSize())
+	t.Logf("secondary: %d write requests (%d with More), %d backend writes, merged %d, mean write %.0f bytes",
+		st.Requests.Write, more.Load(), st.BackendOps.Write, st.Merged, st.MeanWriteSize())
 	if st.BackendOps.Write*4 > st.Requests.Write {
 		t.Fatalf("secondary did %d backend writes for %d requests: less than 4x merging", st.BackendOps.Write, st.Requests.Write)
+	}
+	// The secondary holds the stream's window: the applies it submits
+	// while others are queued behind them say so (Request.More), so the
+	// engine gathers by what is queued, not only by its timed backstop.
+	// 2048 writes sent at once cannot all arrive one per batch.
+	if more.Load() == 0 {
+		t.Fatalf("none of the secondary's %d writes was submitted with More", st.Requests.Write)
 	}
 	waitFor(t, "equal", 10*time.Second, func() bool { return a.sum() == b.sum() })
 }

@@ -436,7 +436,7 @@ func (r *Replica) process() error {
 				r.link.send(m)
 			}
 		}
-		for _, a := range rd.Apply {
+		for i, a := range rd.Apply {
 			// Submit on the loop when nothing is queued for the submitter
 			// (so order is kept) and few applies are in flight (so the
 			// engine, whose Submit blocks only when MaxQueue requests are
@@ -445,7 +445,8 @@ func (r *Replica) process() error {
 			// over and the loop never waits for the engine.
 			if r.queued.Load() == 0 && r.inflight.Load() < directSubmitMax {
 				r.inflight.Add(1)
-				r.submit(a)
+				// More: the rest of this batch follows right after.
+				r.submit(a, i < len(rd.Apply)-1)
 				continue
 			}
 			r.inflight.Add(1)
@@ -519,7 +520,10 @@ func (r *Replica) submitter() {
 		if !ok {
 			return
 		}
-		r.submit(a)
+		// queued still counts a: more than 1 means the next apply is
+		// already in applyQ, submitted right after this one (the engine's
+		// More hint, so a sequential stream keeps being gathered).
+		r.submit(a, r.queued.Load() > 1)
 		// INVARIANT: queued counts applies pushed and not yet handed to
 		// the engine; the loop submits directly only when it is 0, so the
 		// engine sees applies in the node's order.
@@ -527,11 +531,14 @@ func (r *Replica) submitter() {
 	}
 }
 
-// submit hands one apply to the engine. REQUIRES: called by the loop
-// (when queued == 0) or by the submitter, never both at once for
-// consecutive applies (see queued).
-func (r *Replica) submit(a repl.Apply) {
-	req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID}
+// submit hands one apply to the engine; more says the caller holds the
+// next apply already (ioengine.Request.More: the secondary has the
+// replication stream's window in hand, so its writes are gathered by what
+// is queued rather than by the engine's timed backstop alone).
+// REQUIRES: called by the loop (when queued == 0) or by the submitter,
+// never both at once for consecutive applies (see queued).
+func (r *Replica) submit(a repl.Apply, more bool) {
+	req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID, More: more}
 	switch a.Op {
 	case repl.OpWrite:
 		req.Op = ioengine.OpWrite

@@ -40,7 +40,7 @@ func TestCollect(t *testing.T) {
 	src := feSource{
 		fakeSource: fakeSource{vols: []Volume{{Name: "vm1", Size: 1 << 30, Allocated: 8192, Connections: 2, Engine: &es}, {Name: "closed", Size: 512}}},
 		fes: []volrt.FrontEndStats{{Name: "nbd", Accepted: 5, Active: 2, BytesWritten: 262144,
-			Commands: []volrt.CommandCount{{"read", 7}, {"write", 64}, {"disc", 0}, {"flush", 2}}}},
+			Commands: []volrt.CommandCount{{Command: "read", Count: 7}, {Command: "write", Count: 64}, {Command: "disc"}, {Command: "flush", Count: 2}}}},
 	}
 	out := scrape(t, src)
 	for _, want := range []string{

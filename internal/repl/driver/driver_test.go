@@ -136,7 +136,7 @@ func waitFor(t testing.TB, what string, d time.Duration, f func() bool) {
 }
 
 func pair(t *testing.T, size int64, proto string) (a, b *node) {
-	return pairWith(t, size, Settings{Protocol: proto, TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
+	return pairWith(t, size, Settings{Protocol: proto, Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)}, nil, nil)
 }
 
 // pairWith starts primary a and secondary b; a dials b through via(bAddr)
@@ -319,7 +319,7 @@ func TestHeartbeatsUnderLoad(t *testing.T) {
 	slow := func(b backend.Backend) backend.Backend {
 		return backendtest.NewDelay(b, 15*time.Millisecond, 15*time.Millisecond)
 	}
-	set := Settings{Protocol: "C", TickMillis: 10, PingInterval: 5, PingTimeout: 30, KoTicks: 3000}
+	set := Settings{Protocol: "C", Tick: msD(10), PingInterval: msD(50), PingTimeout: msD(300), KoTimeout: msD(30000)}
 	a, b := pairWith(t, 64<<20, set, via, slow)
 	waitFor(t, "connect", 10*time.Second, connected(a))
 	// 512 KiB/s per connection with 1 MiB writes: one data frame takes ~2 s
@@ -361,7 +361,7 @@ func pairB(b *testing.B, size int64) (*node, *node) {
 	if proto == "" {
 		proto = "C"
 	}
-	a, s := pairWith(b, size, Settings{Protocol: proto, TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
+	a, s := pairWith(b, size, Settings{Protocol: proto, Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)}, nil, nil)
 	waitFor(b, "connect", 20*time.Second, connected(a))
 	return a, s
 }
@@ -370,7 +370,7 @@ func pairB(b *testing.B, size int64) (*node, *node) {
 // of sync takes about two seconds, during which status shows SyncSource
 // with a percentage, a measured rate and an ETA.
 func TestResyncRateAndProgress(t *testing.T) {
-	a, b := pairWith(t, 32<<20, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500, ResyncRate: 4 << 20}, nil, nil)
+	a, b := pairWith(t, 32<<20, Settings{Protocol: "C", Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000), ResyncRate: 4 << 20}, nil, nil)
 	// Wait for the initial sync to have finished on both sides (a's
 	// out-of-sync count is also 0 just before the handshake decides).
 	waitFor(t, "connect", 10*time.Second, func() bool {
@@ -426,7 +426,7 @@ func TestSecondaryWithDataIsNotAssumedFresh(t *testing.T) {
 	}
 	f.WriteAt(pattern(3, 4096), 1<<20)
 	f.Close()
-	common := Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}
+	common := Settings{Protocol: "C", Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)}
 	sa, sb := common, common
 	sa.Listen, sa.Peer, sa.NodeID, sa.Role, sa.Dial = aAddr, bAddr, 1, "primary", "yes"
 	sb.Listen, sb.Peer, sb.NodeID, sb.Role, sb.Dial = bAddr, aAddr, 2, "secondary", "no"

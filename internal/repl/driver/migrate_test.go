@@ -34,7 +34,7 @@ func migDataDir(t *testing.T) (dataDir string, set Settings, m repl.Meta, words 
 		t.Fatal(err)
 	}
 	s.Close()
-	set = Settings{Listen: freeAddr(t), Peer: freeAddr(t), Dial: "no", NodeID: 77, TickMillis: 20}
+	set = Settings{Listen: freeAddr(t), Peer: freeAddr(t), Dial: "no", NodeID: 77, Tick: msD(20)}
 	old := legacyDir(dataDir, "vm1")
 	if err := SaveSettings(old, set); err != nil {
 		t.Fatal(err)

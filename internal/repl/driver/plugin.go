@@ -9,9 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
@@ -57,7 +55,7 @@ func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 		if v.Replication == nil {
 			continue
 		}
-		if _, err := Configure(cfg.DataDir, v.Name, SettingsFromConfig(*v.Replication)); err != nil {
+		if _, err := Configure(cfg.DataDir, v.Name, v.Replication.Settings()); err != nil {
 			return nil, fmt.Errorf("replication of %s: %w", v.Name, err)
 		}
 	}
@@ -242,28 +240,6 @@ func Configure(dataDir, name string, s Settings) (Settings, error) {
 		s.NodeID = randGen()
 	}
 	return s, SaveSettings(dir, s)
-}
-
-// SettingsFromConfig converts a config file's replication section (times
-// as durations) to Settings (times in ticks). The tick is a tenth of the
-// ping interval, between 10 ms and 100 ms, so every timeout keeps at
-// least ten ticks of resolution.
-func SettingsFromConfig(c config.Replication) Settings {
-	c = c.WithDefaults()
-	tick := min(max(time.Duration(c.PingInterval)/10, 10*time.Millisecond), 100*time.Millisecond)
-	ticks := func(d time.Duration) int { return max(1, int((d+tick-1)/tick)) }
-	return Settings{
-		Listen: c.Listen, Peer: c.Peer, Protocol: strings.ToUpper(c.Protocol), Role: c.Role,
-		SplitBrain: c.SplitBrain, Dial: c.Dial,
-		TickMillis:    int(tick / time.Millisecond),
-		PingInterval:  ticks(time.Duration(c.PingInterval)),
-		PingTimeout:   ticks(time.Duration(c.PingTimeout)),
-		KoTicks:       ticks(time.Duration(c.KoTimeout)),
-		ALRetireTicks: ticks(5 * time.Second),
-		ResyncRate:    int64(c.ResyncRate),
-		ResyncMinRate: int64(c.ResyncMinRate),
-		Checksum:      c.Checksum,
-	}
 }
 
 // VolumeDeleted stops a deleted volume's replica and lets go of its

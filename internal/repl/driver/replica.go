@@ -151,14 +151,13 @@ type pubKey struct {
 // the listener and (if this side dials) the dialer.
 func Start(o Options) (*Replica, error) {
 	s := o.Settings
-	if err := s.Validate(); err != nil {
+	if err := validateStored(s); err != nil {
 		return nil, err
 	}
+	s = s.WithDefaults()
 	proto, _ := repl.ParseProtocol(s.Protocol)
 	sb, _ := repl.ParseSplitBrainPolicy(s.SplitBrain)
-	if s.TickMillis <= 0 {
-		s.TickMillis = 100
-	}
+	tk := s.Ticks()
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
@@ -199,16 +198,13 @@ func Start(o Options) (*Replica, error) {
 	m, words, al = checkDataID(m, words, al, found, o.DataID, log)
 	cfg := repl.Config{
 		NodeID: s.NodeID, Size: o.Device.Info().Size, Protocol: proto, SplitBrain: sb,
-		PingInterval: s.PingInterval, PingTimeout: s.PingTimeout, KoTicks: s.KoTicks, ALRetireTicks: s.ALRetireTicks,
+		PingInterval: tk.PingInterval, PingTimeout: tk.PingTimeout, KoTicks: tk.KoTicks, ALRetireTicks: tk.ALRetireTicks,
+		ResyncRate: tk.ResyncRate, ResyncMinRate: tk.ResyncMinRate,
 		Checksum: s.Checksum, Rand: randGen,
-	}
-	if s.ResyncRate > 0 {
-		cfg.ResyncRate = max(1, s.ResyncRate*int64(s.TickMillis)/1000)
-		cfg.ResyncMinRate = s.ResyncMinRate * int64(s.TickMillis) / 1000
 	}
 	r := &Replica{
 		name: o.Name, set: s, dev: o.Device, st: st, log: log,
-		tick:    time.Duration(s.TickMillis) * time.Millisecond,
+		tick:    tk.Tick,
 		node:    repl.NewNode(cfg, m, words, al),
 		events:  make(chan event, 1024),
 		clients: make(map[uint64]*ioengine.Request),

@@ -5,7 +5,7 @@
 //	h := metrics.Handler(src)           // src implements Source
 //	http.Handle("/metrics", h)
 //
-// Nothing is recorded here: the I/O engine and the NBD server keep their own
+// Nothing is recorded here: the I/O engine and the front ends keep their own
 // cheap counters (atomics and fixed histograms) and this package reads
 // snapshots at scrape time, so the data path never touches a Prometheus
 // type. That keeps per-request cost at a few atomic adds and means a slow
@@ -23,7 +23,9 @@
 //	nbd_connections_accepted_total, nbd_connections_active, nbd_handshake_failures_total,
 //	nbd_tls_handshakes_total, nbd_requests_total{command: read, write, flush, ...}, nbd_error_replies_total,
 //	nbd_bytes_total{direction}, nbd_protocol_errors_total, nbd_panics_total,
-//	nbd_hole_chunks_total, nbd_inflight_requests
+//	nbd_hole_chunks_total, nbd_inflight_requests   (from the front end named "nbd":
+//	                                               its volrt.FrontEndStats; this package
+//	                                               imports no front end)
 //	build_info{version, goversion, revision} (always 1)
 //
 // Front ends, protocol-neutral (when the Source also implements

@@ -5,10 +5,21 @@
 //
 // Simplest use (what the daemon plugin in plugin.go does per volume):
 //
+//	dir := driver.Dir(dataDir, "vm1")  // repl/ in the volume's state directory
+//	s, err := driver.LoadSettings(dir) // replset.Settings with the node id
 //	r, err := driver.Start(driver.Options{Name: "vm1", Dir: dir, Device: dev, Settings: s})
-//	front := r.Wrap(dev)   // hand this to the NBD server instead of dev
+//	front := r.Wrap(dev)   // hand this to the front ends instead of dev
 //	...
 //	r.Close()              // clean stop: bitmap complete on disk
+//
+// Files: replica.go (Start, the loop, local I/O: the secondary submits
+// applies with ioengine.Request.More while more are queued, so its writes
+// are gathered by what is queued), link.go (the two TCP connections),
+// store.go (Settings on disk, meta.json, bitmap.bin, al.bin), migrate.go
+// (moving state from the old <data_dir>/repl/<volume>), plugin.go (the
+// daemon plugin, Configure, the delete and resize checks), observe.go and
+// status.go (logs, metrics, status), device.go (the wrapped device).
+// Received payloads come from the shared aligned buffer pool (alignbuf).
 //
 // Concurrency: one goroutine (the loop) owns the repl.Node; everything else
 // (network readers and writers, the apply submitter, the resync reader,
@@ -42,7 +53,7 @@ import (
 // Options configure a Replica.
 type Options struct {
 	Name     string // volume name (also checked in the connection hello)
-	Dir      string // where meta.json, al.json, bitmap.bin live
+	Dir      string // where meta.json, al.bin, bitmap.bin live (Dir(dataDir, Name))
 	Device   export.Device
 	Settings Settings
 	Logger   *slog.Logger

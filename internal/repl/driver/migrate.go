@@ -54,6 +54,9 @@ func Migrate(dataDir string, log *slog.Logger) error {
 // migrateVolume moves one volume's state (see Migrate). Nothing to move is
 // not an error.
 func migrateVolume(dataDir, name string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default() // `vmsan repl configure`: stderr
+	}
 	old := legacyDir(dataDir, name)
 	if _, err := os.Lstat(old); errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -62,9 +65,7 @@ func migrateVolume(dataDir, name string, log *slog.Logger) error {
 	}
 	if _, err := volume.ReadMeta(dataDir, name); err != nil {
 		if errors.Is(err, volume.ErrNotFound) || errors.Is(err, volume.ErrInvalidName) {
-			if log != nil {
-				log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", old)
-			}
+			log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", old)
 			return nil
 		}
 		return fmt.Errorf("replication of %s: %w", name, err)
@@ -93,8 +94,6 @@ func migrateVolume(dataDir, name string, log *slog.Logger) error {
 	if err := atomicfile.SyncDir(filepath.Dir(old)); err != nil {
 		return fmt.Errorf("replication of %s: %w", name, err)
 	}
-	if log != nil {
-		log.Info("replication state moved into the volume's state directory", "volume", name, "from", old, "to", dst)
-	}
+	log.Info("replication state moved into the volume's state directory", "volume", name, "from", old, "to", dst)
 	return nil
 }

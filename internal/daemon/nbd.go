@@ -40,6 +40,7 @@ func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 		tlsCfg = d.tls.base()
 	}
 	f := &nbdFrontEnd{d: d, sessions: volrt.NewSessions("nbd")}
+	f.sessions.Watch(d.sessionChanged) // log lines and client events
 	f.srv = server.New(server.Config{
 		Registry:   registry{d},
 		TLSConfig:  tlsCfg,

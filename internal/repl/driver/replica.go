@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
@@ -49,6 +50,9 @@ type Options struct {
 	// DataID is the volume's data identity (volume.Meta.DataID); "" when
 	// unknown (no check). See checkDataID.
 	DataID string
+	// Events, if set, gets the replica's state changes and resync progress
+	// (`vmsan events`; the daemon's bus).
+	Events *events.Bus
 }
 
 // Replica is one replicated volume on this node.
@@ -58,6 +62,7 @@ type Replica struct {
 	dev  export.Device
 	st   *state
 	log  *slog.Logger
+	bus  *events.Bus // nil: no events
 	tick time.Duration
 
 	node *repl.Node // loop only
@@ -207,7 +212,7 @@ func Start(o Options) (*Replica, error) {
 		cfg.ResyncMinRate = s.ResyncMinRate * int64(s.TickMillis) / 1000
 	}
 	r := &Replica{
-		name: o.Name, set: s, dev: o.Device, st: st, log: log,
+		name: o.Name, set: s, dev: o.Device, st: st, log: log, bus: o.Events,
 		tick:    time.Duration(s.TickMillis) * time.Millisecond,
 		node:    repl.NewNode(cfg, m, words, al),
 		events:  make(chan event, 1024),

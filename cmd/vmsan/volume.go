@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -116,15 +117,31 @@ func init() {
 	}
 	var force bool
 	resize := &cobra.Command{
-		Use:   "resize NAME SIZE",
+		Use:   "resize NAME [+|-]SIZE",
 		Short: "Grow a volume online (clients see it on reconnect); shrinking needs --force",
-		Args:  cobra.ExactArgs(2),
+		Long: `Resize a volume to SIZE, or by SIZE: "+10G" grows it by 10 GiB, "-- -1G"
+shrinks it by 1 GiB (the "--" keeps "-1G" from being read as a flag;
+shrinking destroys the data past the new end and needs --force).
+
+NBD has no resize notification: a running QEMU guest sees the new size
+after "block_resize DRIVE SIZE" in the QEMU monitor (or QMP block_resize),
+see docs/volumes.md.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			n, err := volume.ParseSize(args[1])
-			if err != nil {
-				return err
-			}
 			return withOps(func(ops daemon.VolumeOps) error {
+				cur := int64(0)
+				if s := strings.TrimSpace(args[1]); s != "" && (s[0] == '+' || s[0] == '-') {
+					// Relative: to the size the volume has now.
+					vi, err := ops.Info(args[0])
+					if err != nil {
+						return err
+					}
+					cur = vi.Size
+				}
+				n, err := volume.ParseResize(args[1], cur)
+				if err != nil {
+					return err
+				}
 				vi, err := ops.Resize(args[0], n, force)
 				if err != nil {
 					return err

@@ -25,8 +25,19 @@ func init() {
 	vc.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON")
 
 	// withOps opens the data dir (via the daemon's control socket when one
-	// is running) for the duration of fn.
+	// is running) for the duration of fn. It must exist: a typo'd
+	// --data-dir is an error, not a new empty directory.
 	withOps := func(fn func(daemon.VolumeOps) error) error {
+		ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
+		if err != nil {
+			return err
+		}
+		defer ops.Close()
+		return fn(ops)
+	}
+	// withOpsCreate is withOps for commands that create volumes, which
+	// create the data directory when there is none.
+	withOpsCreate := func(fn func(daemon.VolumeOps) error) error {
 		ops, _, err := daemon.OpenVolumeOps(dataDir, volumeHooks)
 		if err != nil {
 			return err
@@ -60,7 +71,7 @@ func init() {
 			if err != nil {
 				return err
 			}
-			return withOps(func(ops daemon.VolumeOps) error {
+			return withOpsCreate(func(ops daemon.VolumeOps) error {
 				vi, err := ops.Create(volume.CreateOptions{Name: args[0], Size: n, Cache: mode, Rotational: rotational,
 					ReadOnly: readOnly, Description: desc, LogicalBlockSize: blockSize})
 				if err != nil {
@@ -240,7 +251,7 @@ the data directory directly, so the daemon must be stopped.`,
 			if len(modes) != 1 {
 				return fmt.Errorf("give exactly one of --recreate, --use-file-size, --use-metadata-size, --new-identity")
 			}
-			s, err := volume.Open(dataDir)
+			s, err := volume.OpenExisting(dataDir)
 			if err != nil {
 				if errors.Is(err, volume.ErrLocked) {
 					return fmt.Errorf("%w: repair is offline, stop vmsan serve first", err)

@@ -104,9 +104,9 @@ var (
 	ErrLocked   = errors.New("data directory is in use by another vmsan process")
 	// ErrNoDataDir: OpenExisting found no data directory (see NoDataDirError).
 	ErrNoDataDir = errors.New("no vmsan data directory")
-	ErrBadSize  = errors.New("invalid volume size")
-	ErrInvalid  = errors.New("invalid volume option")
-	ErrReadOnly = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
+	ErrBadSize   = errors.New("invalid volume size")
+	ErrInvalid   = errors.New("invalid volume option")
+	ErrReadOnly  = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
 	// ErrDamaged: the raw file is missing or disagrees with the metadata in
 	// a way no vmsan crash produces; the volume is not served until
 	// `vmsan volume repair`.

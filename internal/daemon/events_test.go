@@ -7,10 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -137,5 +139,57 @@ func TestEventsStream(t *testing.T) {
 	}
 	if el := time.Since(t0); el > 15*time.Second {
 		t.Errorf("shutdown with an open event stream took %v", el)
+	}
+}
+
+// TestEventsSlowReaderDropped: a subscriber that stops reading is dropped
+// once its queue is full, without slowing the publisher, and its stream
+// ends with an "overflow" line after what it had been sent.
+func TestEventsSlowReaderDropped(t *testing.T) {
+	r := start(t, t.TempDir(), nil)
+	c := NewClient(r.d.ControlPath())
+	defer c.Close()
+	body, err := c.Events(context.Background(), false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer body.Close()
+	br := bufio.NewReader(body)
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l == "exists -\n" {
+			break
+		}
+	}
+	// Not reading: socket buffers fill, the handler blocks in Write, its
+	// queue fills and the bus drops it. Publish must not block meanwhile.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 200000; i++ {
+			r.d.Events().Publish(events.New(events.Change, events.Volume, "name", "filler", "i", strconv.Itoa(i)))
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("Publish blocked on a subscriber that does not read")
+	}
+	last, n := "", 0
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil {
+			break
+		}
+		last, n = strings.TrimSpace(l), n+1
+	}
+	if last != "overflow" || n >= 200000 {
+		t.Fatalf("read %d lines after the snapshot, last %q; want fewer than were published, then overflow", n, last)
+	}
+	if r.d.Events().Subscribers() != 0 {
+		t.Fatalf("%d subscribers left", r.d.Events().Subscribers())
 	}
 }

@@ -8,8 +8,9 @@
 //	// ... apply command-line flags to cfg fields ...
 //	err = cfg.Validate()
 //
-// Example file (every key is optional; unknown keys are errors, reported
-// with their line number):
+// Example file (every key is optional; unknown keys and values of the
+// wrong kind are errors in the file's words, with the line and a "did you
+// mean" for a typo: see yamlerr.go):
 //
 //	data_dir: /var/lib/vmsan
 //	listen: ["0.0.0.0:10809", "unix:/run/vmsan/nbd.sock"]
@@ -255,6 +256,10 @@ func Load(path string) (Config, error) {
 		return Config{}, fmt.Errorf("config %s: larger than %d bytes", path, maxConfigBytes)
 	}
 	cfg, err := decode(b)
+	if fe, ok := err.(*FileErrors); ok {
+		fe.File = path // "vmsan.yaml:12: unknown key ..."
+		return Config{}, fe
+	}
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -304,6 +309,11 @@ func Parse(b []byte) (Config, error) {
 func decode(b []byte) (Config, error) {
 	cfg := Default()
 	cfg.DataDir = ""
+	// Unknown keys and values of the wrong kind, in the file's words
+	// (yamlerr.go); the decoder's own messages name Go types.
+	if err := checkYAML(b); err != nil {
+		return Config{}, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true) // a typo in a key must not be silently ignored
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {

@@ -53,6 +53,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -122,6 +123,13 @@ type Daemon struct {
 
 	statusMu sync.Mutex
 	statusFn map[string]func() any
+	eventSrc []func() []events.Event // under statusMu
+
+	// events carries volume, client and replication events to `vmsan
+	// events` subscribers (events.go); eventsStop ends their streams at
+	// shutdown (an HTTP server's Shutdown waits for handlers).
+	events     *events.Bus
+	eventsStop chan struct{}
 
 	serveErr chan error
 	closed   atomic.Bool
@@ -249,7 +257,8 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		level.Set(logLevel(cfg.LogLevel))
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
-	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
+	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8),
+		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
 	defer func() {

@@ -40,7 +40,7 @@ func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 	if d.tls != nil {
 		tlsCfg = d.tls.base()
 	}
-	f := &nbdFrontEnd{d: d, sessions: volrt.NewSessions("nbd")}
+	f := &nbdFrontEnd{d: d, sessions: d.newSessions("nbd")}
 	f.srv = server.New(server.Config{
 		Registry:   registry{d},
 		TLSConfig:  tlsCfg,

@@ -16,6 +16,7 @@
 //	volume_size_bytes, volume_allocated_bytes, volume_connections    {volume}
 //	engine_requests_total, engine_backend_ops_total                  {volume, op}
 //	engine_merged_requests_total, engine_errors_total, engine_rejected_total {volume}
+//	engine_no_space_errors_total (ENOSPC/EDQUOT from the host filesystem) {volume}
 //	engine_bytes_total                                               {volume, direction}
 //	engine_queue_depth, engine_in_flight                             {volume}
 //	engine_request_latency_seconds (histogram)                       {volume}
@@ -154,6 +155,7 @@ var (
 	dOps       = desc("engine_backend_ops_total", "Backend calls made by the I/O engine (a merged run counts once).", "volume", "op")
 	dMerged    = desc("engine_merged_requests_total", "Requests that shared a backend call with another request.", "volume")
 	dErrors    = desc("engine_errors_total", "Requests completed with an error.", "volume")
+	dNoSpace   = desc("engine_no_space_errors_total", "Requests failed with ENOSPC or EDQUOT by the host filesystem (thin volume out of space).", "volume")
 	dRejected  = desc("engine_rejected_total", "Requests rejected before queueing.", "volume")
 	dBytes     = desc("engine_bytes_total", "Payload bytes moved by backend reads and writes.", "volume", "direction")
 	dQueue     = desc("engine_queue_depth", "Requests submitted and not yet completed.", "volume")
@@ -194,7 +196,7 @@ var (
 	dFEBytes    = desc("frontend_bytes_total", "Payload bytes (read = sent to clients, write = received).", "frontend", "direction")
 	dFEClients  = desc("frontend_volume_clients", "Clients using the volume through the front end now.", "frontend", "volume")
 
-	allDescs = []*prometheus.Desc{dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
+	allDescs = []*prometheus.Desc{dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dNoSpace, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
 		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
 	opNames = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
 
@@ -266,6 +268,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		counter(dMerged, e.Merged, v.Name)
 		counter(dErrors, e.Errors, v.Name)
+		counter(dNoSpace, e.NoSpaceErrors, v.Name)
 		counter(dRejected, e.Rejected, v.Name)
 		counter(dBytes, e.BytesRead, v.Name, "read")
 		counter(dBytes, e.BytesWritten, v.Name, "write")

@@ -3,6 +3,7 @@ package volrt
 import (
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -12,6 +13,17 @@ type Session struct {
 	Volume   string    `json:"volume"`
 	Remote   string    `json:"remote"` // client address as the front end sees it
 	Since    time.Time `json:"since"`
+	// ID tells sessions apart within the front end (events pair a
+	// client's connect with its disconnect by it).
+	ID uint64 `json:"id"`
+}
+
+// SessionChange is what a watcher (Sessions.Watch) sees: a client that
+// connected, or one that disconnected with how long it stayed.
+type SessionChange struct {
+	Session
+	Connected bool
+	Duration  time.Duration // on disconnect: since Session.Since
 }
 
 // Sessions tracks a front end's connected clients, by volume and address,
@@ -22,11 +34,25 @@ type Session struct {
 // Concurrency: safe for concurrent use; a nil *Sessions ignores Add and
 // Remove, so a front end built without one (tests) need not check.
 // Add and Remove take a mutex once per connection, never per request.
+// They are the one place every front end reports clients, so the daemon's
+// connect/disconnect log lines and client events hang off them (Watch).
 type Sessions struct {
 	frontEnd string
 	mu       sync.Mutex
 	next     uint64
 	m        map[uint64]Session
+	watch    atomic.Pointer[func(SessionChange)]
+}
+
+// Watch makes Add and Remove call fn (after releasing the tracker's mutex,
+// in the connection's goroutine; fn must not block). One watcher; a later
+// call replaces it.
+func (s *Sessions) Watch(fn func(SessionChange)) { s.watch.Store(&fn) }
+
+func (s *Sessions) notify(c SessionChange) {
+	if fn := s.watch.Load(); fn != nil {
+		(*fn)(c)
+	}
 }
 
 // NewSessions returns an empty tracker for the named front end.
@@ -40,10 +66,12 @@ func (s *Sessions) Add(volume, remote string) uint64 {
 		return 0
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.next++
-	s.m[s.next] = Session{FrontEnd: s.frontEnd, Volume: volume, Remote: remote, Since: time.Now()}
-	return s.next
+	ss := Session{FrontEnd: s.frontEnd, Volume: volume, Remote: remote, Since: time.Now(), ID: s.next}
+	s.m[s.next] = ss
+	s.mu.Unlock()
+	s.notify(SessionChange{Session: ss, Connected: true})
+	return ss.ID
 }
 
 // Remove forgets the session Add returned id for; unknown ids are ignored.
@@ -52,8 +80,12 @@ func (s *Sessions) Remove(id uint64) {
 		return
 	}
 	s.mu.Lock()
+	ss, ok := s.m[id]
 	delete(s.m, id)
 	s.mu.Unlock()
+	if ok {
+		s.notify(SessionChange{Session: ss, Duration: time.Since(ss.Since)})
+	}
 }
 
 // List returns the sessions ordered by volume, then connection time.

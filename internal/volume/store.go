@@ -108,9 +108,11 @@ var (
 	ErrInUse    = errors.New("volume is exported (connected clients); use --force to override")
 	ErrShrink   = errors.New("shrinking a volume destroys data at its end; use --force to override")
 	ErrLocked   = errors.New("data directory is in use by another vmsan process")
-	ErrBadSize  = errors.New("invalid volume size")
-	ErrInvalid  = errors.New("invalid volume option")
-	ErrReadOnly = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
+	// ErrNoDataDir: OpenExisting found no data directory (see NoDataDirError).
+	ErrNoDataDir = errors.New("no vmsan data directory")
+	ErrBadSize   = errors.New("invalid volume size")
+	ErrInvalid   = errors.New("invalid volume option")
+	ErrReadOnly  = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
 	// ErrDamaged: the raw file is missing or disagrees with the metadata in
 	// a way no vmsan crash produces; the volume is not served until
 	// `vmsan volume repair`.
@@ -199,6 +201,29 @@ const (
 	dirMode  = 0o700
 	fileMode = 0o600
 )
+
+// NoDataDirError returns ErrNoDataDir naming dir and how a data directory
+// comes to be, for commands that only read or change existing volumes: a
+// typo'd --data-dir must fail, not leave an empty directory behind.
+func NoDataDirError(dir string) error {
+	return fmt.Errorf("%w at %s (create it with `vmsan serve` or `vmsan volume create`)", ErrNoDataDir, dir)
+}
+
+// DataDirExists says whether dir is a data directory (it has the volumes
+// subdirectory every Open creates).
+func DataDirExists(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, VolumesDir))
+	return err == nil && st.IsDir()
+}
+
+// OpenExisting is Open for a data directory that must already exist: it
+// returns NoDataDirError instead of creating one.
+func OpenExisting(dir string) (*Store, error) {
+	if dir != "" && !DataDirExists(dir) {
+		return nil, NoDataDirError(dir)
+	}
+	return Open(dir)
+}
 
 // Open opens (creating if needed) the data directory dir and takes its lock.
 // It removes leftover temporary metadata files, tightens permissions,

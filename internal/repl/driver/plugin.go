@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -92,7 +93,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		if err != nil {
 			return fmt.Errorf("replication of %s: volume: %w", name, err)
 		}
-		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID})
+		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: d.Events()})
 		if err != nil {
 			dev.Release()
 			return err
@@ -105,6 +106,13 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 	}
 	d.AddStatus("replication", func() any { return p.Statuses() })
 	d.SetReplicaMetrics(p.Metrics)
+	d.AddEventSource(func() []events.Event {
+		var out []events.Event
+		for _, st := range p.Statuses() {
+			out = append(out, eventsFromStatus(st)...)
+		}
+		return out
+	})
 	d.Handle("POST /v1/repl/{volume}/{op}", http.HandlerFunc(p.handle))
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, p.Statuses())

@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
@@ -60,6 +61,9 @@ type Options struct {
 	// DataID is the volume's data identity (volume.Meta.DataID); "" when
 	// unknown (no check). See checkDataID.
 	DataID string
+	// Events, if set, gets the replica's state changes and resync progress
+	// (`vmsan events`; the daemon's bus).
+	Events *events.Bus
 }
 
 // Replica is one replicated volume on this node.
@@ -69,6 +73,7 @@ type Replica struct {
 	dev  export.Device
 	st   *state
 	log  *slog.Logger
+	bus  *events.Bus // nil: no events
 	tick time.Duration
 
 	node *repl.Node // loop only
@@ -214,7 +219,7 @@ func Start(o Options) (*Replica, error) {
 		Checksum: s.Checksum, Rand: randGen,
 	}
 	r := &Replica{
-		name: o.Name, set: s, dev: o.Device, st: st, log: log,
+		name: o.Name, set: s, dev: o.Device, st: st, log: log, bus: o.Events,
 		tick:    tk.Tick,
 		node:    repl.NewNode(cfg, m, words, al),
 		events:  make(chan event, 1024),

@@ -26,8 +26,9 @@
 //     (Wrap) that replication uses. Quiesce (quiesce.go) holds new writes
 //     and flushes, for snapshots, clones and rollbacks of a live volume.
 //   - Sessions, FrontEndStats (sessions.go): per front end, per volume, per
-//     client address (since when) connection tracking, and the statistics
-//     every front end reports to daemon status and metrics.
+//     client address (since when) connection tracking, with a watcher
+//     (Watch) for connect/disconnect log lines and events, and the
+//     statistics every front end reports to daemon status and metrics.
 //   - Lifecycle (lifecycle.go): the submit/complete handshake with the
 //     engine that decides who replies to a request (the submitter when it
 //     completed inline, else the completion path).

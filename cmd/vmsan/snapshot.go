@@ -31,17 +31,14 @@ import (
 // (list --snapshots and delete VOL@SNAP are in volume.go). They share the
 // volume command's --data-dir and --json.
 func snapshotCommands(dataDir *string, asJSON *bool) []*cobra.Command {
+	// withSnapOps opens the data directory like the other volume commands:
+	// it must exist (a typo'd --data-dir is an error), except for import,
+	// which creates a volume (withImportOps).
 	withSnapOps := func(fn func(daemon.VolumeOps, daemon.SnapshotOps, bool) error) error {
-		ops, viaDaemon, err := daemon.OpenVolumeOps(*dataDir, volumeHooks)
-		if err != nil {
-			return err
-		}
-		defer ops.Close()
-		sops, ok := ops.(daemon.SnapshotOps)
-		if !ok {
-			return errors.New("internal error: volume operations without snapshot support")
-		}
-		return fn(ops, sops, viaDaemon)
+		return withSnapOpsOpen(daemon.OpenExistingVolumeOps, *dataDir, fn)
+	}
+	withImportOps := func(fn func(daemon.VolumeOps, daemon.SnapshotOps, bool) error) error {
+		return withSnapOpsOpen(daemon.OpenVolumeOps, *dataDir, fn)
 	}
 	show := func(v any, text func()) error {
 		if *asJSON {
@@ -168,7 +165,7 @@ size). A progress bar is drawn on a terminal (--quiet turns it off).`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withSnapOps(func(vops daemon.VolumeOps, ops daemon.SnapshotOps, _ bool) error {
+			return withImportOps(func(vops daemon.VolumeOps, ops daemon.SnapshotOps, _ bool) error {
 				if _, err := vops.Info(args[0]); err == nil {
 					return fmt.Errorf("%w: %s", volume.ErrExists, args[0])
 				}
@@ -319,6 +316,22 @@ qemu-nbd). Restore with 'vmsan volume import NAME FILE'.
 	exp.Flags().StringVar(&expSince, "since", "", "incremental: write a qcow2 overlay of only the blocks changed since this snapshot of the volume")
 	exp.Flags().StringVar(&expBacking, "backing", "", "with --since: the full export of that snapshot, recorded as the overlay's backing file (relative to FILE's directory)")
 	return []*cobra.Command{snap, clone, rollback, imp, exp}
+}
+
+// withSnapOpsOpen runs fn with the volume and snapshot operations open
+// returns for dataDir.
+func withSnapOpsOpen(open func(string, ...daemon.VolumeHooks) (daemon.VolumeOps, bool, error), dataDir string,
+	fn func(daemon.VolumeOps, daemon.SnapshotOps, bool) error) error {
+	ops, viaDaemon, err := open(dataDir, volumeHooks)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	sops, ok := ops.(daemon.SnapshotOps)
+	if !ok {
+		return errors.New("internal error: volume operations without snapshot support")
+	}
+	return fn(ops, sops, viaDaemon)
 }
 
 // printSnapshots is `vmsan volume list --snapshots`.
@@ -581,7 +594,7 @@ func listSnapshots(dataDir string, asJSON bool, args []string) error {
 	if len(args) == 1 {
 		vol = args[0]
 	}
-	ops, _, err := daemon.OpenVolumeOps(dataDir, volumeHooks)
+	ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
 	if err != nil {
 		return err
 	}
@@ -602,7 +615,7 @@ func listSnapshots(dataDir string, asJSON bool, args []string) error {
 
 // deleteSnapshot is `vmsan volume delete VOL@SNAP`.
 func deleteSnapshot(dataDir, vol, snap string, force bool) error {
-	ops, _, err := daemon.OpenVolumeOps(dataDir, volumeHooks)
+	ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
 	if err != nil {
 		return err
 	}

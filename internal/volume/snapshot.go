@@ -606,6 +606,39 @@ func (s *Store) finishRollback(m Meta, progress func(int64)) (Meta, error) {
 	return m, nil
 }
 
+// removeSnapshotDebris removes what a crash during CreateSnapshot can
+// leave in snapshots/: a raw file renamed into place whose metadata (the
+// commit point) was never written, and atomic-write temporaries. Called
+// by Open; best effort (what it cannot remove is only wasted space).
+func (s *Store) removeSnapshotDebris() {
+	vols, err := os.ReadDir(filepath.Join(s.dir, SnapshotsDir))
+	if err != nil {
+		return
+	}
+	for _, v := range vols {
+		if !v.IsDir() || ValidateName(v.Name()) != nil {
+			continue
+		}
+		d := filepath.Join(s.dir, SnapshotsDir, v.Name())
+		atomicfile.RemoveTemps(d)
+		ents, err := os.ReadDir(d)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			snap, ok := strings.CutSuffix(e.Name(), rawExt)
+			if !ok || ValidateName(snap) != nil {
+				continue
+			}
+			if _, err := os.Lstat(s.snapMetaPath(v.Name(), snap)); errors.Is(err, fs.ErrNotExist) {
+				if os.Remove(filepath.Join(d, e.Name())) == nil {
+					s.notice(v.Name(), false, "removed %s: a snapshot whose creation a crash interrupted", filepath.Join(d, e.Name()))
+				}
+			}
+		}
+	}
+}
+
 // reconcileRollback completes a rollback a crash interrupted (Open).
 // REQUIRES: s.mu held or Open in progress.
 func (s *Store) reconcileRollback(m Meta) Meta {

@@ -420,3 +420,35 @@ func TestSnapshotNamesAndErrors(t *testing.T) {
 		t.Fatalf("imported volume mode %v, data id %q", st.Mode().Perm(), m.DataID)
 	}
 }
+
+// TestSnapshotDebrisRemoved: a snapshot raw file without metadata (a crash
+// between the rename and the metadata write) is removed by Open; complete
+// snapshots stay.
+func TestSnapshotDebrisRemoved(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(CreateOptions{Name: "v", Size: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateSnapshot("v", "keep", CloneOptions{Copy: true}); err != nil {
+		t.Fatal(err)
+	}
+	debris := s.SnapshotPath("v", "half")
+	if err := os.WriteFile(debris, []byte("x"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if s, err = Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := os.Stat(debris); !os.IsNotExist(err) {
+		t.Fatalf("snapshot debris survived Open: %v", err)
+	}
+	if _, err := os.Stat(s.SnapshotPath("v", "keep")); err != nil {
+		t.Fatalf("a complete snapshot was removed: %v", err)
+	}
+}

@@ -282,6 +282,7 @@ func Open(dir string) (*Store, error) {
 	s := &Store{dir: dir, vdir: vdir, lock: lf, dirLock: dl, idChanged: map[string]bool{}, unverified: map[string]error{}}
 	s.tightenAll()
 	atomicfile.RemoveTemps(vdir)
+	s.removeSnapshotDebris()
 	if err := s.reconcile(); err != nil {
 		s.Close()
 		return nil, err

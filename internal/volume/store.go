@@ -17,6 +17,8 @@
 //	<dir>/volumes/<name>.state/ optional per-volume state for other subsystems
 //	                          (replication: .state/repl/), see StateDir and
 //	                          StatePath; deleted with the volume
+//	<dir>/snapshots/<vol>/<snap>.raw, .json  snapshot VOL@SNAP, read-only
+//	                          (snapshot.go: snapshots, clones, rollback)
 //
 // Permissions: volumes are VM disks, so everything the store creates is
 // owner-only (files 0600, directories 0700) whatever the umask, and Open

@@ -325,13 +325,13 @@ func (c *cmd) prOut() {
 	p := l.pr.clone()
 	me := p.find(k)
 	var (
-		status  = uint8(StatusGood)
-		sense   *senseInfo
-		uas     []struct {
+		status = uint8(StatusGood)
+		sense  *senseInfo
+		uas    []struct {
 			k    itKey
 			code uaCode
 		}
-		victims []itKey
+		victims  []itKey
 		setAPTPL bool
 	)
 	ua := func(k itKey, code uaCode) {

@@ -60,6 +60,7 @@ type lu struct {
 	bs       uint32 // logical block size
 	bsShift  uint
 	ppbExp   uint8 // logical blocks per physical block exponent
+	maxXfer  uint32 // bytes, a multiple of bs
 	readOnly bool
 	rotation bool
 	wce      bool
@@ -100,6 +101,11 @@ func newLU(t *Target, num uint64, vol string, dev export.Device) *lu {
 			l.ppbExp++
 		}
 	}
+	l.maxXfer = t.cfg.MaxTransfer
+	if info.MaxBlock != 0 && info.MaxBlock < l.maxXfer {
+		l.maxXfer = info.MaxBlock
+	}
+	l.maxXfer = max(l.maxXfer&^(l.bs-1), l.bs)
 	l.readOnly = info.ReadOnly
 	l.rotation = info.Rotational
 	// QEMU's rule: every cache mode but writethrough has a volatile cache

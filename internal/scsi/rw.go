@@ -70,14 +70,7 @@ func (c *cmd) maxXferBlocks() uint64 {
 }
 
 // maxTransfer is the largest READ/WRITE in bytes (Block Limits VPD).
-func (l *lu) maxTransfer() uint32 {
-	m := l.t.cfg.MaxTransfer
-	if mb := l.dev.Info().MaxBlock; mb != 0 && mb < m {
-		m = mb
-	}
-	m &^= l.bs - 1
-	return max(m, l.bs)
-}
+func (l *lu) maxTransfer() uint32 { return l.maxXfer }
 
 // submit sends c.req to the device. inline: the engine may run it on the
 // submitting goroutine (only for the first request of a command, from

@@ -1,8 +1,6 @@
 package scsi
 
 import (
-	"encoding/binary"
-	"hash/fnv"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -92,6 +90,10 @@ type Target struct {
 
 	mu     sync.Mutex
 	lus    map[uint64]*lu // by LUN number; guarded by mu
+	// fast mirrors lus for lock-free lookups while the LUN map slice is
+	// the one in snap (writes under mu).
+	fast sync.Map // uint64 -> *lu
+	snap atomic.Pointer[lunSnap]
 	closed bool
 	lunFP  uint64 // fingerprint of the last LUN map seen (3F/0E)
 	// ALUA: state per port group, ports seen per group.
@@ -127,6 +129,7 @@ func (t *Target) Close() {
 	t.mu.Lock()
 	lus := t.lus
 	t.lus = map[uint64]*lu{}
+	t.fast.Clear()
 	t.closed = true
 	t.mu.Unlock()
 	for _, l := range lus {
@@ -134,18 +137,27 @@ func (t *Target) Close() {
 	}
 }
 
-// lunFingerprint hashes the LUN map without allocating much (the FNV
-// state escapes only into a local).
+// lunFingerprint hashes the LUN map (FNV-1a, no allocation).
 func lunFingerprint(luns []LUN) uint64 {
-	h := fnv.New64a()
-	var b [8]byte
+	h := uint64(14695981039346656037)
+	mix := func(b byte) { h = (h ^ uint64(b)) * 1099511628211 }
 	for _, l := range luns {
-		binary.BigEndian.PutUint64(b[:], l.Number)
-		h.Write(b[:])
-		h.Write([]byte(l.Volume))
-		h.Write([]byte{0})
+		for i := 0; i < 64; i += 8 {
+			mix(byte(l.Number >> i))
+		}
+		for i := 0; i < len(l.Volume); i++ {
+			mix(l.Volume[i])
+		}
+		mix(0)
 	}
-	return h.Sum64()
+	return h | 1 // never 0 (0 means "not seen yet")
+}
+
+// lunSnap identifies the LUN map slice last seen, so that a Config.LUNs
+// returning the same cached slice costs no hashing and no lock.
+type lunSnap struct {
+	first *LUN
+	n     int
 }
 
 // lookup returns the logical unit for lun, opening its volume on first
@@ -154,6 +166,12 @@ func lunFingerprint(luns []LUN) uint64 {
 // CHANGED to every nexus).
 func (t *Target) lookup(lun uint64) *lu {
 	luns := t.cfg.LUNs()
+	if s := t.snap.Load(); s != nil && s.n == len(luns) && (s.n == 0 || s.first == &luns[0]) {
+		// Same map as last time: the open logical unit, if any, is current.
+		if v, ok := t.fast.Load(lun); ok {
+			return v.(*lu)
+		}
+	}
 	vol, found := "", false
 	for _, l := range luns {
 		if l.Number == lun {
@@ -166,6 +184,11 @@ func (t *Target) lookup(lun uint64) *lu {
 		t.mu.Unlock()
 		return nil
 	}
+	snap := &lunSnap{n: len(luns)}
+	if len(luns) > 0 {
+		snap.first = &luns[0]
+	}
+	t.snap.Store(snap)
 	fp := lunFingerprint(luns)
 	if t.lunFP == 0 {
 		t.lunFP = fp
@@ -179,6 +202,7 @@ func (t *Target) lookup(lun uint64) *lu {
 	if l != nil && (!found || l.vol != vol) {
 		// The LUN was removed or now names another volume.
 		delete(t.lus, lun)
+		t.fast.Delete(lun)
 		go l.close()
 		l = nil
 	}
@@ -202,6 +226,7 @@ func (t *Target) lookup(lun uint64) *lu {
 	}
 	if l = t.lus[lun]; l == nil {
 		t.lus[lun] = nl
+		t.fast.Store(lun, nl)
 		l = nl
 		nl = nil
 	}
@@ -472,13 +497,13 @@ func (t *Target) Execute(task *Task, done func(*Result)) {
 		task.Nexus = n
 	}
 	it := l.itl(n)
+	l.checkSize()
 	if d.flags&fNoUA == 0 && it.ua.Load() != 0 {
 		if s, ok := l.popUA(it); ok {
 			c.fail(s)
 			return
 		}
 	}
-	l.checkSize()
 	if t.aluaAny.Load() && d.flags&fALUAAll == 0 {
 		switch t.PortGroupState(n.PortGroup) {
 		case ALUAStandby:

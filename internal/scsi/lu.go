@@ -59,7 +59,7 @@ type lu struct {
 	// Set at open, read-only.
 	bs       uint32 // logical block size
 	bsShift  uint
-	ppbExp   uint8 // logical blocks per physical block exponent
+	ppbExp   uint8  // logical blocks per physical block exponent
 	maxXfer  uint32 // bytes, a multiple of bs
 	readOnly bool
 	rotation bool

@@ -88,12 +88,12 @@ type Config struct {
 type Target struct {
 	cfg Config
 
-	mu     sync.Mutex
-	lus    map[uint64]*lu // by LUN number; guarded by mu
+	mu  sync.Mutex
+	lus map[uint64]*lu // by LUN number; guarded by mu
 	// fast mirrors lus for lock-free lookups while the LUN map slice is
 	// the one in snap (writes under mu).
-	fast sync.Map // uint64 -> *lu
-	snap atomic.Pointer[lunSnap]
+	fast   sync.Map // uint64 -> *lu
+	snap   atomic.Pointer[lunSnap]
 	closed bool
 	lunFP  uint64 // fingerprint of the last LUN map seen (3F/0E)
 	// ALUA: state per port group, ports seen per group.

@@ -510,3 +510,19 @@ func TestEngineErrorsToSense(t *testing.T) {
 		}
 	}
 }
+
+// TestDataOutSizeMustMatch: COMPARE AND WRITE and WRITE SAME refuse a
+// data-out larger or smaller than the CDB implies (libiscsi's
+// InvalidDataOutSize tests); WRITE takes the residual instead.
+func TestDataOutSizeMustMatch(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	caw := cdb16(opCompareAndWrite, 0, 0, 0)
+	caw[13] = 1
+	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
+	caw[13] = 3
+	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
+	for _, n := range []int{256, 1024} {
+		f.check(f.n, cdb10(opWriteSame10, 0x08, 0, 1), make([]byte, n), 0, KeyIllegalRequest, 0x24, 0)
+	}
+}

@@ -234,8 +234,9 @@ func (c *cmd) writeSame() {
 	}
 	var pattern []byte
 	if !ndob {
-		if len(c.task.DataOut) < int(c.lu.bs) {
-			c.fail(senseParamLenError)
+		// Exactly one block of data-out (not a prefix, not more).
+		if len(c.task.DataOut) < int(c.lu.bs) || c.task.ExpectedOut != c.lu.bs {
+			c.fail(invalidCDB(lf, -1))
 			return
 		}
 		pattern = c.task.DataOut[:c.lu.bs]
@@ -362,8 +363,11 @@ func (c *cmd) compareAndWrite() {
 		c.fail(invalidCDB(13, -1))
 		return
 	}
-	if uint64(len(c.task.DataOut)) < c.xfer {
-		c.fail(senseParamLenError)
+	// The data-out must be exactly the verify and write instances: a
+	// mismatch with the CDB is refused, not truncated (unlike WRITE, whose
+	// residual semantics let a prefix be written).
+	if uint64(c.task.ExpectedOut) != c.xfer || uint64(len(c.task.DataOut)) < c.xfer {
+		c.fail(invalidCDB(13, -1))
 		return
 	}
 	c.lba, c.nblk = lba, nblk

@@ -179,10 +179,9 @@ func (c *cmd) reportLUNs() {
 		c.fail(invalidCDB(2, -1))
 		return
 	}
-	if alloc < 16 {
-		c.fail(invalidCDB(6, -1))
-		return
-	}
+	// An allocation length under 16 only truncates (SPC-4 says it
+	// "should" be at least 16; SPC-3 made it an error, initiators probing
+	// with 8 bytes for the list length exist).
 	var luns []LUN
 	if sel != 1 { // 1: well-known logical units only (there are none)
 		luns = c.t.cfg.LUNs()

@@ -160,8 +160,10 @@ func init() {
 	add(opWriteSame16, -1, cat(m(0xFF, 0x19), lba8, m(0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0)), wr, (*cmd).writeSame)
 	add(opUnmap, -1, m(0xFF, 0x01, 0, 0, 0, 0, 0x1F, 0xFF, 0xFF, 0), wr, (*cmd).unmap)
 	add(opCompareAndWrite, -1, cat(m(0xFF, 0x18), lba8, m(0, 0, 0, 0xFF, 0x1F, 0)), rd|wr, (*cmd).compareAndWrite)
-	add(opReadCapacity10, -1, m(0xFF, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0x01, 0), 0, (*cmd).readCapacity10)
-	add(opServiceActionIn, saReadCapacity16, cat(m(0xFF, 0x1F), lba8, m(0xFF, 0xFF, 0xFF, 0xFF, 0x01, 0)), 0, (*cmd).readCapacity16)
+	// READ CAPACITY works on standby paths too, so an initiator learns the
+	// size on every path (dm-multipath wants equal sizes to group them).
+	add(opReadCapacity10, -1, m(0xFF, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0x01, 0), standby, (*cmd).readCapacity10)
+	add(opServiceActionIn, saReadCapacity16, cat(m(0xFF, 0x1F), lba8, m(0xFF, 0xFF, 0xFF, 0xFF, 0x01, 0)), standby, (*cmd).readCapacity16)
 	add(opServiceActionIn, saGetLBAStatus, cat(m(0xFF, 0x1F), lba8, m(0xFF, 0xFF, 0xFF, 0xFF, 0, 0)), 0, (*cmd).getLBAStatus)
 	add(opModeSense6, -1, m(0xFF, 0x08, 0xFF, 0xFF, 0xFF, 0), rd|standby, (*cmd).modeSense)
 	add(opModeSense10, -1, m(0xFF, 0x18, 0xFF, 0xFF, 0, 0, 0, 0xFF, 0xFF, 0), rd|standby, (*cmd).modeSense)

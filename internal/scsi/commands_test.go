@@ -431,6 +431,8 @@ func TestALUAStates(t *testing.T) {
 	f.tg.SetPortGroupState(2, ALUAStandby)
 	f.check(n2, []byte{opTestUnitReady, 0, 0, 0, 0, 0}, nil, 0, KeyUnitAttention, 0x2A, 0x06)
 	f.check(n2, cdb10(opRead10, 0, 0, 1), nil, 512, KeyNotReady, 0x04, 0x0B)
+	f.check(n2, tur, nil, 0, KeyNotReady, 0x04, 0x0B)
+	f.good(n2, cdb10(opReadCapacity10, 0, 0, 0), nil, 8)
 	f.good(n2, inq(false, 0, 96), nil, 96)
 	r = f.good(n2, rtpg, nil, 256)
 	if r.data[8+12]&0x0F != ALUAStandby {

@@ -359,7 +359,7 @@ func (c *cmd) compareAndWrite() {
 		c.finishStatus(StatusGood)
 		return
 	}
-	if nblk > maxCompareAndWrite {
+	if nblk > uint64(c.lu.maxCAW) {
 		c.fail(invalidCDB(13, -1))
 		return
 	}

@@ -74,6 +74,8 @@ type Config struct {
 	// (ports seen in a Nexus are added). nil: only ports seen.
 	Ports func() []Port
 	// MaxTransfer caps a READ/WRITE in bytes (0: DefaultMaxTransfer).
+	// Target.MaxDataOut derives from it the most data-out any command
+	// uses, which a transport may use to bound its buffers.
 	MaxTransfer uint32
 	// Abort, when set, is called by PREEMPT AND ABORT for every I_T
 	// nexus whose registration was preempted: the transport aborts that
@@ -122,6 +124,13 @@ func New(cfg Config) *Target {
 	}
 	return &Target{cfg: cfg, lus: map[uint64]*lu{}, alua: map[uint16]uint8{}, ports: map[uint16]map[uint16]bool{}}
 }
+
+// MaxDataOut is the largest data-out any command consumes: a transport
+// may refuse (or not buffer) more. READ/WRITE-class commands are bounded
+// by MaxTransfer (COMPARE AND WRITE's 2×N blocks too, see lu.maxCAW), the
+// parameter lists of UNMAP, MODE SELECT and PERSISTENT RESERVE OUT by
+// their 16-bit length fields in practice.
+func (t *Target) MaxDataOut() uint32 { return max(t.cfg.MaxTransfer, 64<<10) }
 
 // Close releases every opened device. Commands executed afterwards fail
 // with LOGICAL UNIT NOT SUPPORTED.

@@ -238,7 +238,7 @@ func (c *cmd) reportTPG() {
 		return
 	}
 	alloc := uint64(binary.BigEndian.Uint32(cdb[6:10]))
-	groups, ports, states := c.t.portGroups()
+	groups, ports, states, altered := c.t.portGroups()
 	size := 4
 	if format == 1 {
 		size = 8
@@ -258,7 +258,9 @@ func (c *cmd) reportTPG() {
 		// Supported: T_SUP, U_SUP, S_SUP, AN_SUP, AO_SUP.
 		b[p+1] = 0x80 | 0x08 | 0x04 | 0x02 | 0x01
 		binary.BigEndian.PutUint16(b[p+2:], g)
-		b[p+5] = 0x02 // altered by implicit asymmetric access behaviour
+		if altered[g] {
+			b[p+5] = 0x02 // altered by implicit asymmetric access behaviour
+		}
 		b[p+7] = byte(len(ports[g]))
 		p += 8
 		for _, rp := range ports[g] {

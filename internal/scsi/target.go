@@ -100,6 +100,7 @@ type Target struct {
 	lunFP  uint64 // fingerprint of the last LUN map seen (3F/0E)
 	// ALUA: state per port group, ports seen per group.
 	alua    map[uint16]uint8
+	altered map[uint16]bool // state set by SetPortGroupState (RTPG status)
 	ports   map[uint16]map[uint16]bool
 	aluaAny atomic.Bool // some group is not active/optimized
 }
@@ -122,7 +123,7 @@ func New(cfg Config) *Target {
 	if cfg.LUNs == nil {
 		cfg.LUNs = func() []LUN { return nil }
 	}
-	return &Target{cfg: cfg, lus: map[uint64]*lu{}, alua: map[uint16]uint8{}, ports: map[uint16]map[uint16]bool{}}
+	return &Target{cfg: cfg, lus: map[uint64]*lu{}, alua: map[uint16]uint8{}, altered: map[uint16]bool{}, ports: map[uint16]map[uint16]bool{}}
 }
 
 // MaxDataOut is the largest data-out any command consumes: a transport
@@ -275,8 +276,8 @@ func (t *Target) SetPortGroupState(group uint16, state uint8) {
 		old = ALUAActiveOptimized
 	}
 	t.alua[group] = state
-	if t.ports[group] == nil {
-		t.ports[group] = map[uint16]bool{}
+	if old != state {
+		t.altered[group] = true
 	}
 	any := false
 	for _, s := range t.alua {
@@ -311,8 +312,9 @@ func (t *Target) PortGroupState(group uint16) uint8 {
 	return ALUAActiveOptimized
 }
 
-// portGroups returns the groups in use and their ports, sorted.
-func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, states map[uint16]uint8) {
+// portGroups returns the groups in use (with at least one port) and their
+// ports, sorted, with their states and whether a state was set.
+func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, states map[uint16]uint8, altered map[uint16]bool) {
 	var extra []Port
 	if t.cfg.Ports != nil {
 		extra = t.cfg.Ports()
@@ -321,6 +323,7 @@ func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, state
 	defer t.mu.Unlock()
 	ports = map[uint16][]uint16{}
 	states = map[uint16]uint8{}
+	altered = map[uint16]bool{}
 	set := map[uint16]map[uint16]bool{}
 	for g, ps := range t.ports {
 		set[g] = map[uint16]bool{}
@@ -338,6 +341,10 @@ func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, state
 		set[0] = map[uint16]bool{1: true}
 	}
 	for g, ps := range set {
+		if len(ps) == 0 {
+			continue
+		}
+		altered[g] = t.altered[g]
 		groups = append(groups, g)
 		for p := range ps {
 			ports[g] = append(ports[g], p)
@@ -350,7 +357,7 @@ func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, state
 		states[g] = s
 	}
 	sort.Slice(groups, func(i, j int) bool { return groups[i] < groups[j] })
-	return groups, ports, states
+	return groups, ports, states, altered
 }
 
 // TaskManagement performs the SCSI side of a task management function

@@ -213,8 +213,13 @@ func TestWriteSameUnmapGetLBAStatus(t *testing.T) {
 	if d := f.good(f.n, cdb10(opRead10, 0, lba+16, 8), nil, 8*512).data; !bytes.Equal(d, make([]byte, 8*512)) {
 		t.Fatal("NDOB did not zero")
 	}
-	// Zero blocks (WSNZ), ANCHOR without UNMAP, beyond the end.
-	f.check(f.n, cdb16(opWriteSame16, 0, lba, 0), blk, 0, KeyIllegalRequest, 0x24, 0)
+	// Zero blocks: through the last block (WSNZ=0); past the end: 21/00.
+	f.good(f.n, cdb16(opWriteSame16, 0, testSize/512-4, 0), blk, 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, testSize/512-1, 1), nil, 512).data; !bytes.Equal(d, blk) {
+		t.Fatal("0-block WRITE SAME did not reach the last block")
+	}
+	f.check(f.n, cdb16(opWriteSame16, 0, testSize/512+1, 0), blk, 0, KeyIllegalRequest, 0x21, 0)
+	// ANCHOR without UNMAP, beyond the end.
 	f.check(f.n, cdb16(opWriteSame16, 0x10, lba, 1), blk, 0, KeyIllegalRequest, 0x24, 0)
 	f.check(f.n, cdb16(opWriteSame16, 0, testSize/512-1, 2), blk, 0, KeyIllegalRequest, 0x21, 0)
 	// UNMAP two descriptors.
@@ -578,4 +583,22 @@ func TestResetsAndNexusLoss(t *testing.T) {
 	a2 := nexus("iqn.a", 1)
 	f.check(a2, tur, nil, 0, KeyUnitAttention, 0x29, 0)
 	f.good(a2, tur, nil, 0)
+}
+
+// TestORWrite: ORWRITE ORs the data-out into the blocks.
+func TestORWrite(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	a, b := bytes.Repeat([]byte{0xA5}, 1024), bytes.Repeat([]byte{0x5A}, 1024)
+	f.good(f.n, cdb10(opWrite10, 0, 20, 2), make([]byte, 1024), 0)
+	f.good(f.n, cdb16(opORWrite, 0, 20, 2), a, 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, 20, 2), nil, 1024).data; !bytes.Equal(d, a) {
+		t.Fatal("ORWRITE into zeroes")
+	}
+	f.good(f.n, cdb16(opORWrite, 0x08, 20, 2), b, 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, 20, 2), nil, 1024).data; !bytes.Equal(d, bytes.Repeat([]byte{0xFF}, 1024)) {
+		t.Fatal("ORWRITE did not OR")
+	}
+	f.check(f.n, cdb16(opORWrite, 0, testSize/512-1, 2), a, 0, KeyIllegalRequest, 0x21, 0)
+	f.check(f.n, cdb16(opORWrite, 0x20, 0, 1), a[:512], 0, KeyIllegalRequest, 0x24, 0)
 }

@@ -19,6 +19,7 @@ const (
 	stCAWRead
 	stCAWWrite
 	stVerify
+	stORRead
 )
 
 // rwParams decodes the LBA and transfer length of a READ/WRITE/VERIFY
@@ -221,12 +222,16 @@ func (c *cmd) writeSame() {
 		c.fail(invalidCDB(1, 4))
 		return
 	}
-	if nblk == 0 { // WSNZ=1 in the Block Limits page
-		c.fail(invalidCDB(lf, -1))
-		return
-	}
 	if !c.checkRange(lba, nblk) {
 		return
+	}
+	if nblk == 0 {
+		// WSNZ=0: zero blocks means through the last block.
+		nblk = c.lu.blocks() - lba
+		if nblk == 0 {
+			c.finishStatus(StatusGood)
+			return
+		}
 	}
 	if nblk<<c.lu.bsShift > maxWriteSameBytes {
 		c.fail(invalidCDB(lf, -1))
@@ -384,6 +389,35 @@ func (c *cmd) compareAndWrite() {
 	c.lu.dev.Submit(&c.req)
 }
 
+// orWrite is ORWRITE(16): the data-out is ORed into the blocks, atomic
+// against every other write like COMPARE AND WRITE (read, OR, write under
+// the exclusive write gate).
+func (c *cmd) orWrite() {
+	cdb := c.task.CDB
+	lba, nblk, lf := rwParams(cdb)
+	c.xfer = nblk << c.lu.bsShift
+	if !c.checkWritable() || !c.checkRange(lba, nblk) {
+		return
+	}
+	if nblk > c.maxXferBlocks() {
+		c.fail(invalidCDB(lf, -1))
+		return
+	}
+	n := min(c.xfer, uint64(len(c.task.DataOut))) &^ uint64(c.lu.bs-1)
+	if n == 0 {
+		c.finishStatus(StatusGood)
+		return
+	}
+	c.lba, c.nblk = lba, n>>c.lu.bsShift
+	c.fua = cdb[1]&0x08 != 0
+	c.lu.writeGate.Lock()
+	c.gateX = true
+	c.bufp = volrt.GetBuf(int(n))
+	c.stage = stORRead
+	c.req = ioengine.Request{Op: ioengine.OpRead, Offset: int64(lba << c.lu.bsShift), Length: int64(n), Data: *c.bufp, Inline: true, Done: c.onDone}
+	c.lu.dev.Submit(&c.req)
+}
+
 // miscompareAt is MISCOMPARE DURING VERIFY OPERATION with the offset of
 // the first differing byte in INFORMATION.
 func miscompareAt(a, b []byte) (senseInfo, bool) {
@@ -403,7 +437,7 @@ func miscompareAt(a, b []byte) (senseInfo, bool) {
 // the command according to c.stage.
 func (c *cmd) engineDone(r *ioengine.Request) {
 	if r.Err != nil {
-		write := c.stage != stRead && c.stage != stVerify && c.stage != stCAWRead
+		write := c.stage != stRead && c.stage != stVerify && c.stage != stCAWRead && c.stage != stORRead
 		c.unlockGate()
 		c.res.DataIn = nil
 		c.fail(errSense(r.Err, write))
@@ -436,6 +470,13 @@ func (c *cmd) engineDone(r *ioengine.Request) {
 			c.fail(s)
 			return
 		}
+	case stORRead:
+		for i, b := range c.task.DataOut[:len(r.Data)] {
+			r.Data[i] |= b
+		}
+		c.stage = stCAWWrite
+		c.submit(ioengine.OpWrite, r.Offset, r.Length, r.Data, false)
+		return
 	case stCAWRead:
 		n := int(c.nblk << c.lu.bsShift)
 		if s, bad := miscompareAt(c.task.DataOut[:n], r.Data); bad {

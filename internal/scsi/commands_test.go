@@ -96,7 +96,7 @@ func TestVPDPages(t *testing.T) {
 	r = f.good(f.n, inq(true, 0xB0, 255), nil, 255)
 	d = r.data
 	if d[3] != 0x3C || d[5] != maxCompareAndWrite || binary.BigEndian.Uint32(d[8:]) != (1<<20)/512 ||
-		binary.BigEndian.Uint32(d[20:]) == 0 || binary.BigEndian.Uint32(d[24:]) != maxUnmapDescriptors ||
+		binary.BigEndian.Uint32(d[20:]) == 0 || binary.BigEndian.Uint32(d[20:]) > 1<<20 || binary.BigEndian.Uint32(d[24:]) != maxUnmapDescriptors ||
 		binary.BigEndian.Uint64(d[36:]) == 0 || binary.BigEndian.Uint16(d[6:]) != 4096/512 {
 		t.Fatalf("block limits % x", d)
 	}
@@ -529,6 +529,10 @@ func TestDataOutSizeMustMatch(t *testing.T) {
 	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
 	caw[13] = 3
 	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
+	// 256 blocks wrap the one-byte length to 0: the data-out gives it away.
+	caw[13] = 0
+	f.check(f.n, caw, make([]byte, 2*256*512), 0, KeyIllegalRequest, 0x24, 0)
+	f.good(f.n, caw, nil, 0)
 	for _, n := range []int{256, 1024} {
 		f.check(f.n, cdb10(opWriteSame10, 0x08, 0, 1), make([]byte, n), 0, KeyIllegalRequest, 0x24, 0)
 	}

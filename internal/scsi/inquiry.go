@@ -133,7 +133,7 @@ func (c *cmd) vpdBlockLimits(alloc uint64) {
 	mt := l.maxTransfer() >> l.bsShift
 	binary.BigEndian.PutUint32(b[8:12], mt)
 	binary.BigEndian.PutUint32(b[12:16], mt)
-	binary.BigEndian.PutUint32(b[20:24], uint32(maxWriteSameBytes>>l.bsShift))
+	binary.BigEndian.PutUint32(b[20:24], uint32(l.maxUnmap()))
 	binary.BigEndian.PutUint32(b[24:28], maxUnmapDescriptors)
 	binary.BigEndian.PutUint32(b[28:32], gran)
 	binary.BigEndian.PutUint64(b[36:44], uint64(maxWriteSameBytes>>l.bsShift))

@@ -66,6 +66,11 @@ func (c *cmd) checkWritable() bool {
 	return true
 }
 
+// maxUnmap is MAXIMUM UNMAP LBA COUNT (blocks per descriptor).
+func (l *lu) maxUnmap() uint64 {
+	return min(uint64(maxWriteSameBytes)>>l.bsShift, maxUnmapBlocks)
+}
+
 func (c *cmd) maxXferBlocks() uint64 {
 	return uint64(c.lu.maxTransfer()) >> c.lu.bsShift
 }
@@ -306,7 +311,7 @@ func (c *cmd) unmap() {
 		c.fail(invalidParam(2, -1))
 		return
 	}
-	maxN := uint64(maxWriteSameBytes) >> c.lu.bsShift
+	maxN := c.lu.maxUnmap()
 	for i := 0; i < nd; i++ {
 		d := data[8+16*i:]
 		lba, n := binary.BigEndian.Uint64(d[0:8]), uint64(binary.BigEndian.Uint32(d[8:12]))
@@ -360,18 +365,19 @@ func (c *cmd) compareAndWrite() {
 	if !c.checkWritable() || !c.checkRange(lba, nblk) {
 		return
 	}
+	// The data-out must be exactly the verify and write instances: a
+	// mismatch with the CDB is refused, not truncated (unlike WRITE, whose
+	// residual semantics let a prefix be written). This also catches 256
+	// blocks sent with the one-byte NUMBER OF LOGICAL BLOCKS wrapped to 0.
+	if uint64(c.task.ExpectedOut) != c.xfer || uint64(len(c.task.DataOut)) < c.xfer {
+		c.fail(invalidCDB(13, -1))
+		return
+	}
 	if nblk == 0 {
 		c.finishStatus(StatusGood)
 		return
 	}
 	if nblk > uint64(c.lu.maxCAW) {
-		c.fail(invalidCDB(13, -1))
-		return
-	}
-	// The data-out must be exactly the verify and write instances: a
-	// mismatch with the CDB is refused, not truncated (unlike WRITE, whose
-	// residual semantics let a prefix be written).
-	if uint64(c.task.ExpectedOut) != c.xfer || uint64(len(c.task.DataOut)) < c.xfer {
 		c.fail(invalidCDB(13, -1))
 		return
 	}

@@ -199,6 +199,12 @@ func TestWriteSameUnmapGetLBAStatus(t *testing.T) {
 	if d := f.good(f.n, cdb10(opRead10, 0, lba, 16), nil, 16*512).data; !bytes.Equal(d, make([]byte, 16*512)) {
 		t.Fatal("unmapped blocks do not read as zeroes (LBPRZ)")
 	}
+	// UNMAP deallocates whatever the data-out block holds.
+	f.good(f.n, cdb10(opWrite10, 0, lba, 4), pattern(4*512, 8), 0)
+	f.good(f.n, cdb10(opWriteSame10, 0x08, lba, 4), pattern(512, 9), 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, lba, 4), nil, 4*512).data; !bytes.Equal(d, make([]byte, 4*512)) {
+		t.Fatal("WRITE SAME UNMAP with a non-zero block did not deallocate")
+	}
 	// Pattern WRITE SAME writes the block everywhere.
 	blk := pattern(512, 77)
 	f.good(f.n, cdb10(opWriteSame10, 0, lba+16, 8), blk, 0)

@@ -255,13 +255,13 @@ func (c *cmd) writeSame() {
 	c.lockShared()
 	c.stage = stWrite
 	switch {
-	case pattern == nil || volrt.IsZero(pattern):
-		if unmap && !anchor {
-			// LBPRZ=1: a deallocated block reads as zeroes.
-			c.submit(ioengine.OpTrim, off, end-off, nil, true)
-			return
-		}
-		// Stays mapped (anchored, or UNMAP=0).
+	case unmap && !anchor:
+		// An unmap operation (SBC-3 5.42): the blocks are deallocated
+		// whatever the data-out holds, and read as zeroes (LBPRZ=1).
+		c.submit(ioengine.OpTrim, off, end-off, nil, true)
+		return
+	case unmap || pattern == nil || volrt.IsZero(pattern):
+		// Anchored, or zeroes written: the range stays allocated.
 		c.req = ioengine.Request{Op: ioengine.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
 		c.lu.dev.Submit(&c.req)
 		return

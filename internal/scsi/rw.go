@@ -84,6 +84,12 @@ func (l *lu) maxTransfer() uint32 { return l.maxXfer }
 // not recurse).
 func (c *cmd) submit(op ioengine.Op, off, length int64, data []byte, inline bool) {
 	c.req = ioengine.Request{Op: op, Offset: off, Length: length, Data: data, FUA: c.fua, Inline: inline, Done: c.onDone}
+	if inline {
+		// The hints volrt.Lifecycle.Submit gives on the NBD path: nothing
+		// more buffered means the initiator likely waits for this one.
+		c.req.More = c.task.More
+		c.req.Idle = !c.task.More
+	}
 	c.lu.dev.Submit(&c.req)
 }
 

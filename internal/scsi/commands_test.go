@@ -612,3 +612,34 @@ func TestORWrite(t *testing.T) {
 	f.check(f.n, cdb16(opORWrite, 0, testSize/512-1, 2), a, 0, KeyIllegalRequest, 0x21, 0)
 	f.check(f.n, cdb16(opORWrite, 0x20, 0, 1), a[:512], 0, KeyIllegalRequest, 0x24, 0)
 }
+
+// TestGetLBAStatusFirstDescriptor: the first descriptor starts at the
+// queried LBA (SBC-3), mapped or not, whatever the physical block
+// (libiscsi's GetLBAStatus.UnmapSingle walk, 512e: 8 blocks per 4 KiB).
+func TestGetLBAStatusFirstDescriptor(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	status := func(at uint64) (uint64, uint32, uint8) {
+		b := cdb16(opServiceActionIn, saGetLBAStatus, at, 0)
+		binary.BigEndian.PutUint32(b[10:], 24)
+		d := f.good(f.n, b, nil, 24).data
+		return binary.BigEndian.Uint64(d[8:]), binary.BigEndian.Uint32(d[16:]), d[20]
+	}
+	for i := uint64(8); i+8 <= 256; i += 8 {
+		f.good(f.n, cdb10(opWrite10, 0, 0, 264), pattern(264*512, 1), 0)
+		pl := make([]byte, 24)
+		binary.BigEndian.PutUint16(pl[0:], 22)
+		binary.BigEndian.PutUint16(pl[2:], 16)
+		binary.BigEndian.PutUint32(pl[16:], uint32(i))
+		f.good(f.n, []byte{opUnmap, 0, 0, 0, 0, 0, 0, 0, 24, 0}, pl, 0)
+		if l, n, st := status(0); l != 0 || uint64(n) != i || st != 1 {
+			t.Fatalf("i=%d at 0: lba %d n %d status %d", i, l, n, st)
+		}
+		if l, _, st := status(i + 1); l != i+1 || st != 0 {
+			t.Fatalf("i=%d at %d: lba %d status %d", i, i+1, l, st)
+		}
+		if l, _, st := status(i - 1); l != i-1 || st != 1 {
+			t.Fatalf("i=%d at %d: lba %d status %d", i, i-1, l, st)
+		}
+	}
+}

@@ -237,14 +237,10 @@ func (o directOps) Delete(name string, force bool) error {
 	if _, err := o.s.Get(name); err != nil {
 		return err
 	}
-	if err := checkDeleteHooks(o.hooks.Delete, o.s.Dir(), name, force); err != nil {
+	if err := checkDelete(o.hooks.Delete, o.s.Dir(), name, force); err != nil {
 		return err
 	}
-	if err := o.s.Delete(name, force); err != nil {
-		return err
-	}
-	runDeletedHooks(o.hooks.Delete, o.s.Dir(), name)
-	return nil
+	return o.s.Delete(name, force)
 }
 
 func (o directOps) Close() error { return o.s.Close() }

@@ -300,7 +300,7 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 	defer d.mu.Unlock()
 	v := (*d.vols.Load())[name]
 	if v != nil {
-		if err := checkDeleteHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
+		if err := checkDelete(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
 			return err
 		}
 		v.BeginDelete() // see volrt.Volume.Acquire's INVARIANT
@@ -316,13 +316,17 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 		v.MarkGone()
 	}
 	// Plugins let go of the volume (their references keep it open until
-	// then), then per-volume state on disk goes.
+	// then). The store removed the volume's state directory, but a plugin
+	// still running (a replica persisting its generations) may have
+	// written into it again: once they stopped, that goes too.
 	for _, p := range d.plugins {
 		if pd, ok := p.(VolumeDeleter); ok {
 			pd.VolumeDeleted(name)
 		}
 	}
-	runDeletedHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name)
+	if err := d.store.RemoveStateDebris(name); err != nil {
+		d.log.Warn("deleted volume: state directory not removed (the volume's next create removes it)", "volume", name, "err", err)
+	}
 	d.log.Info("volume deleted", "volume", name, "force", force)
 	return nil
 }

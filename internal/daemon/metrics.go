@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/metrics"
-	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -63,13 +62,6 @@ func (s metricsSource) Volumes() []metrics.Volume {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
-}
-
-func (s metricsSource) ServerStats() (server.Stats, bool) {
-	if s.d.nbd == nil {
-		return server.Stats{}, false
-	}
-	return s.d.nbd.srv.Stats(), true
 }
 
 // FrontEnds implements metrics.FrontEndSource.

@@ -5,7 +5,7 @@
 //	h := metrics.Handler(src)           // src implements Source
 //	http.Handle("/metrics", h)
 //
-// Nothing is recorded here: the I/O engine and the NBD server keep their own
+// Nothing is recorded here: the I/O engine and the front ends keep their own
 // cheap counters (atomics and fixed histograms) and this package reads
 // snapshots at scrape time, so the data path never touches a Prometheus
 // type. That keeps per-request cost at a few atomic adds and means a slow
@@ -23,7 +23,9 @@
 //	nbd_connections_accepted_total, nbd_connections_active, nbd_handshake_failures_total,
 //	nbd_tls_handshakes_total, nbd_requests_total{command: read, write, flush, ...}, nbd_error_replies_total,
 //	nbd_bytes_total{direction}, nbd_protocol_errors_total, nbd_panics_total,
-//	nbd_hole_chunks_total, nbd_inflight_requests
+//	nbd_hole_chunks_total, nbd_inflight_requests   (from the front end named "nbd":
+//	                                               its volrt.FrontEndStats; this package
+//	                                               imports no front end)
 //	build_info{version, goversion, revision} (always 1)
 //
 // Front ends, protocol-neutral (when the Source also implements
@@ -61,15 +63,12 @@ package metrics
 import (
 	"net/http"
 	"sort"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vmsan/vmsan/internal/ioengine"
-	"github.com/vmsan/vmsan/internal/nbd/proto"
-	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
@@ -112,12 +111,11 @@ type FrontEndSource interface {
 	FrontEnds() []volrt.FrontEndStats
 }
 
-// Source supplies snapshots at scrape time.
+// Source supplies snapshots at scrape time. Front ends come through
+// FrontEndSource (the vmsan_nbd_* series from the front end named "nbd"),
+// replicas through ReplicaSource.
 type Source interface {
 	Volumes() []Volume
-	// ServerStats returns the NBD server's counters; ok=false if there is
-	// no server.
-	ServerStats() (st server.Stats, ok bool)
 }
 
 // NewRegistry returns a Prometheus registry with vmsan's collector plus the
@@ -198,8 +196,7 @@ var (
 
 	allDescs = []*prometheus.Desc{dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
 		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
-	opNames  = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
-	cmdNames = [8]string{}
+	opNames = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
 
 	// Every state an enum gauge reports, from the repl package's names.
 	roleNames, peerRoleNames, diskNames, peerDiskNames, connNames []string
@@ -216,10 +213,6 @@ func init() {
 	peerDiskNames = append(append([]string(nil), diskNames...), repl.DiskUnknown.String())
 	for c := repl.StandAlone; c <= repl.VerifyTarget; c++ {
 		connNames = append(connNames, c.String())
-	}
-	for i := range cmdNames {
-		// "NBD_CMD_WRITE_ZEROES" -> "write_zeroes", matching the engine's op label.
-		cmdNames[i] = strings.ToLower(strings.TrimPrefix(proto.Cmd(i).String(), "NBD_CMD_"))
 	}
 }
 
@@ -297,6 +290,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			for vol, n := range per {
 				gauge(dFEClients, float64(n), f.Name, vol)
 			}
+			if f.Name == "nbd" {
+				collectNBD(ch, f)
+			}
 		}
 	}
 	if rs, ok := c.src.(ReplicaSource); ok {
@@ -304,16 +300,24 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			collectReplica(ch, r)
 		}
 	}
-	st, ok := c.src.ServerStats()
-	if !ok {
-		return
+}
+
+// collectNBD emits the vmsan_nbd_* series (older than the per-front-end
+// vmsan_frontend_* ones, kept under their names) from the NBD front end's
+// neutral stats.
+func collectNBD(ch chan<- prometheus.Metric, st volrt.FrontEndStats) {
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
 	counter(dAccepted, st.Accepted)
-	gauge(dActive, float64(st.ActiveConns))
+	gauge(dActive, float64(st.Active))
 	counter(dHSFail, st.HandshakeFails)
 	counter(dTLS, st.TLSHandshakes)
-	for i, n := range st.Requests {
-		counter(dNBDReqs, n, cmdNames[i])
+	for _, c := range st.Commands {
+		counter(dNBDReqs, c.Count, c.Command)
 	}
 	counter(dErrReply, st.ErrorReplies)
 	counter(dNBDBytes, st.BytesRead, "read")
@@ -321,7 +325,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dProtoErr, st.ProtocolErrors)
 	counter(dPanics, st.Panics)
 	counter(dHoles, st.HoleChunks)
-	gauge(dNBDInfl, float64(st.InflightRequests))
+	gauge(dNBDInfl, float64(st.Inflight))
 }
 
 // collectReplica emits one replicated volume's series.

@@ -7,16 +7,14 @@ import (
 	"testing"
 
 	"github.com/vmsan/vmsan/internal/ioengine"
-	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 type fakeSource struct {
 	vols []Volume
-	st   server.Stats
 }
 
-func (f fakeSource) Volumes() []Volume                 { return f.vols }
-func (f fakeSource) ServerStats() (server.Stats, bool) { return f.st, true }
+func (f fakeSource) Volumes() []Volume { return f.vols }
 
 func scrape(t *testing.T, src Source) string {
 	t.Helper()
@@ -39,9 +37,10 @@ func TestCollect(t *testing.T) {
 		Latency:      ioengine.Histogram{UpperBounds: []int64{1000, 2000, 4000}, Counts: []uint64{5, 10, 1, 2}, Count: 18, Sum: 30000},
 		WriteSizes:   ioengine.Histogram{UpperBounds: []int64{4096, 65536}, Counts: []uint64{0, 4, 0}, Count: 4, Sum: 64 * 4096},
 	}
-	src := fakeSource{
-		vols: []Volume{{Name: "vm1", Size: 1 << 30, Allocated: 8192, Connections: 2, Engine: &es}, {Name: "closed", Size: 512}},
-		st:   server.Stats{Accepted: 5, ActiveConns: 2, BytesWritten: 262144, Requests: [8]uint64{7, 64, 0, 2}},
+	src := feSource{
+		fakeSource: fakeSource{vols: []Volume{{Name: "vm1", Size: 1 << 30, Allocated: 8192, Connections: 2, Engine: &es}, {Name: "closed", Size: 512}}},
+		fes: []volrt.FrontEndStats{{Name: "nbd", Accepted: 5, Active: 2, BytesWritten: 262144,
+			Commands: []volrt.CommandCount{{Command: "read", Count: 7}, {Command: "write", Count: 64}, {Command: "disc"}, {Command: "flush", Count: 2}}}},
 	}
 	out := scrape(t, src)
 	for _, want := range []string{

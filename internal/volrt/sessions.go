@@ -110,6 +110,28 @@ type FrontEndStats struct {
 	BytesWritten uint64 `json:"bytes_written"`
 	// Clients are the connections using a volume now.
 	Clients []Session `json:"clients"`
-	// Detail is the front end's own counters (NBD: server.Stats).
+	// Detail is the front end's own counters (NBD: server.Stats), shown
+	// by status as is; nothing else reads it.
 	Detail any `json:"detail,omitempty"`
+
+	// Protocol counters, for metrics (which keeps the NBD front end's
+	// vmsan_nbd_* series under their names without importing the NBD
+	// server). Status shows them through Detail, so they are not repeated
+	// in JSON.
+	HandshakeFails uint64 `json:"-"` // connections that ended before serving a volume (NBD negotiation, iSCSI login)
+	TLSHandshakes  uint64 `json:"-"` // successful TLS upgrades
+	ProtocolErrors uint64 `json:"-"` // connections closed for protocol violations
+	Panics         uint64 `json:"-"` // recovered panics in connection handlers (each is a bug)
+	HoleChunks     uint64 `json:"-"` // hole pieces sent in reads (NBD: OFFSET_HOLE chunks)
+	Inflight       int64  `json:"-"` // requests received and not yet replied
+	// Commands counts requests by the protocol's command name (lower
+	// case), every command listed, zeros included, so a rate works from
+	// the first scrape.
+	Commands []CommandCount `json:"-"`
+}
+
+// CommandCount is the number of requests of one protocol command.
+type CommandCount struct {
+	Command string
+	Count   uint64
 }

@@ -57,7 +57,7 @@ func TestClassifyDisconnect(t *testing.T) {
 // disconnect is counted under a bounded reason.
 func TestReplicaMetricsAcrossOutage(t *testing.T) {
 	var px *faultproxy.Proxy
-	a, b := pairWith(t, 16<<20, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500},
+	a, b := pairWith(t, 16<<20, Settings{Protocol: "C", Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)},
 		func(target string) string {
 			var err error
 			if px, err = faultproxy.New("127.0.0.1:0", target); err != nil {

@@ -732,3 +732,20 @@ func TestRegisterMoveErrors(t *testing.T) {
 		t.Fatalf("format 0 TransportID: %q %v", port, ok)
 	}
 }
+
+// TestVolumeRecreated: a volume deleted under an open logical unit
+// (volrt.ErrVolumeGone) fails the command, and the next one opens the
+// volume now registered under that name.
+func TestVolumeRecreated(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	f.good(f.n, cdb10(opWrite10, 0, 0, 1), pattern(512, 1), 0)
+	f.dev.Volume.MarkGone()
+	f.check(f.n, cdb10(opRead10, 0, 0, 1), nil, 512, KeyMediumError, 0x11, 0)
+	dev2 := exporttest.NewMemDevice(t, "vol", testSize)
+	f.reg.Add(dev2)
+	f.check(f.n, tur, nil, 0, KeyUnitAttention, 0x29, 0) // a new logical unit
+	if d := f.good(f.n, cdb10(opRead10, 0, 0, 1), nil, 512).data; !bytes.Equal(d, make([]byte, 512)) {
+		t.Fatal("read the deleted volume's data")
+	}
+}

@@ -127,6 +127,22 @@ func (d *Daemon) openSnapshot(ref string) (export.Device, error) {
 	return v.Acquire(nil)
 }
 
+// snapshotExports lists the snapshots as exports (NBD_OPT_LIST), from
+// their metadata: listing does not open them.
+func (d *Daemon) snapshotExports() []export.Info {
+	l, _ := d.store.ListSnapshots("")
+	out := make([]export.Info, 0, len(l))
+	for _, sm := range l {
+		desc := sm.Description
+		if desc == "" {
+			desc = "snapshot of " + sm.Volume
+		}
+		out = append(out, export.Info{Name: sm.Name, Description: desc, UUID: sm.UUID, Size: sm.Size,
+			ReadOnly: true, CanMultiConn: true, Cache: sm.Cache})
+	}
+	return out
+}
+
 // snapRefs is the number of clients of a snapshot's export.
 func (d *Daemon) snapRefs(ref string) int64 {
 	d.snaps.mu.Lock()

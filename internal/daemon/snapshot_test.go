@@ -134,6 +134,9 @@ func TestSnapshotUnderLoad(t *testing.T) {
 	if b, _ := json.Marshal(doc["exports"]); json.Unmarshal(b, &info) != nil || len(info) != 1 || info[0]["is_read_only"] != true {
 		t.Fatalf("nbdinfo of the snapshot export: %v", doc)
 	}
+	if out := run(t, "nbdinfo", "--list", "--json", "nbd+unix:///?socket="+sock); !strings.Contains(out, `"export-name": "v@s1"`) {
+		t.Fatalf("nbdinfo --list does not show the snapshot:\n%s", out)
+	}
 	if out := run(t, "qemu-img", "compare", "-f", "raw", "-F", "raw", si.Path, url("v@s1")); !strings.Contains(out, "identical") {
 		t.Fatalf("qemu-img compare: %s", out)
 	}

@@ -67,6 +67,7 @@ func (r registry) List() []export.Info {
 	for _, v := range vols {
 		out = append(out, v.Info())
 	}
+	out = append(out, r.d.snapshotExports()...) // VOL@SNAP, read-only
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }

@@ -89,11 +89,18 @@ func init() {
 	create.Flags().StringVar(&desc, "description", "", "free-text description (NBD_INFO_DESCRIPTION)")
 	create.Flags().Uint32Var(&blockSize, "block-size", 512, "logical block size (512 or 4096)")
 
+	var listSnaps bool
 	list := &cobra.Command{
-		Use:   "list",
-		Short: "List volumes",
-		Args:  cobra.NoArgs,
+		Use:   "list [--snapshots [VOL]]",
+		Short: "List volumes (or, with --snapshots, snapshots: of VOL or of every volume)",
+		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if listSnaps {
+				return listSnapshots(dataDir, asJSON, args)
+			}
+			if len(args) > 0 {
+				return fmt.Errorf("list takes a volume name only with --snapshots")
+			}
 			return withOps(func(ops daemon.VolumeOps) error {
 				// A partial list comes with an error naming unreadable
 				// volumes: print what is readable, then fail with it.
@@ -112,6 +119,7 @@ func init() {
 			})
 		},
 	}
+	list.Flags().BoolVar(&listSnaps, "snapshots", false, "list snapshots instead of volumes")
 	info := &cobra.Command{
 		Use:   "info NAME",
 		Short: "Show a volume's metadata",
@@ -164,10 +172,13 @@ see docs/volumes.md.`,
 	resize.Flags().BoolVar(&force, "force", false, "allow shrinking (destroys data past the new end)")
 	var delForce bool
 	del := &cobra.Command{
-		Use:   "delete NAME",
-		Short: "Delete a volume and its data; refused while clients are connected unless --force",
+		Use:   "delete NAME|VOL@SNAP",
+		Short: "Delete a volume and its data, or a snapshot; refused while clients are connected (and for a volume with snapshots) unless --force",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if vol, sn, isSnap, err := volume.SplitRef(args[0]); err == nil && isSnap {
+				return deleteSnapshot(dataDir, vol, sn, delForce)
+			}
 			return withOps(func(ops daemon.VolumeOps) error {
 				if err := ops.Delete(args[0], delForce); err != nil {
 					return err
@@ -177,7 +188,7 @@ see docs/volumes.md.`,
 			})
 		},
 	}
-	del.Flags().BoolVar(&delForce, "force", false, "delete even while exported (connected clients get I/O errors)")
+	del.Flags().BoolVar(&delForce, "force", false, "delete even while exported (connected clients get I/O errors), and a volume together with its snapshots")
 	var (
 		setCache, setDesc string
 		setRot, setRO     bool
@@ -273,6 +284,7 @@ the data directory directly, so the daemon must be stopped.`,
 	rf.BoolVar(&repairMode.metaSize, "use-metadata-size", false, "extend or cut the raw file to the volume's size")
 	rf.BoolVar(&repairMode.newID, "new-identity", false, "only give the volume a new data identity (replicas resync in full)")
 	vc.AddCommand(create, list, info, resize, set, del, repair)
-	vc.AddCommand(replVolumeCommands()...) // promote, demote, verify: see repl.go
+	vc.AddCommand(snapshotCommands(&dataDir, &asJSON)...) // snapshot, clone, rollback, import, export: see snapshot.go
+	vc.AddCommand(replVolumeCommands()...)                // promote, demote, verify: see repl.go
 	rootCmd.AddCommand(vc)
 }

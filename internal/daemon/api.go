@@ -20,6 +20,7 @@ import (
 //	POST   /v1/volumes/{name}/settings    Settings -> VolumeInfo
 //	DELETE /v1/volumes/{name}?force=true  204
 //	GET    /v1/events?now=&format=json    a stream of event lines (events.go)
+//	(snapshots, clones, rollback, import: see snapshot.go)
 //
 // Errors are APIError bodies with a stable Code, which the Client maps back
 // to the volume package's sentinel errors so errors.Is works across the

@@ -47,6 +47,7 @@ func (d *Daemon) startControl() error {
 	mux.HandleFunc("POST /v1/volumes/{name}/settings", d.hSettings)
 	mux.HandleFunc("DELETE /v1/volumes/{name}", d.hDelete)
 	mux.HandleFunc("GET /v1/events", d.hEvents)
+	d.registerSnapshotRoutes(mux) // snapshots, clones, rollback, import
 	// Metrics are also on the control socket, so they are available without
 	// opening a TCP port: curl --unix-socket DATA_DIR/control.sock http://x/metrics
 	mux.Handle("GET /metrics", metrics.Handler(metricsSource{d}))
@@ -322,6 +323,7 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 		d.publish(func(mm map[string]*volrt.Volume) { delete(mm, name) })
 		v.MarkGone()
 	}
+	d.snapshotsGone(name) // deleted with it (force; see volume.Store.Delete)
 	// Plugins let go of the volume (their references keep it open until
 	// then). The store removed the volume's state directory, but a plugin
 	// still running (a replica persisting its generations) may have

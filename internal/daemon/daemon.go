@@ -147,6 +147,9 @@ type Daemon struct {
 	// read-only.
 	frontEnds []FrontEnd
 
+	// snaps are the read-only exports of snapshots (snapshot.go).
+	snaps snapExports
+
 	// replMetrics is set by the replication plugin (SetReplicaMetrics).
 	replMetrics atomic.Pointer[replMetricsFn]
 }
@@ -711,6 +714,9 @@ func (d *Daemon) closeAll() error {
 	}
 	if d.metricsLn != nil {
 		d.metricsLn.Close()
+	}
+	if err := d.closeSnapshots(); err != nil {
+		errs = append(errs, err)
 	}
 	if p := d.vols.Load(); p != nil {
 		for name, v := range *p {

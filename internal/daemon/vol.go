@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
@@ -47,6 +48,9 @@ func (r registry) open(name string, wrap bool) (export.Device, error) {
 	if name == "" {
 		name = r.d.defaultExport(vols)
 	}
+	if strings.Contains(name, volume.SnapSep) {
+		return r.d.openSnapshot(name) // VOL@SNAP: read-only, never wrapped
+	}
 	v := vols[name]
 	if v == nil {
 		return nil, export.ErrNotFound
@@ -63,6 +67,7 @@ func (r registry) List() []export.Info {
 	for _, v := range vols {
 		out = append(out, v.Info())
 	}
+	out = append(out, r.d.snapshotExports()...) // VOL@SNAP, read-only
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }

@@ -23,7 +23,8 @@
 //   - Volume (volume.go): an open volume (Open from the store, or New over
 //     any backend) and its reference/delete handshake with the daemon's
 //     registry; Acquire hands out devices, through the wrapping chain
-//     (Wrap) that replication uses.
+//     (Wrap) that replication uses. Quiesce (quiesce.go) holds new writes
+//     and flushes, for snapshots, clones and rollbacks of a live volume.
 //   - Sessions, FrontEndStats (sessions.go): per front end, per volume, per
 //     client address (since when) connection tracking, with a watcher
 //     (Watch) for connect/disconnect log lines and events, and the

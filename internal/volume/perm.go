@@ -29,7 +29,7 @@ func (s *Store) tightenAll() {
 	if st, err := os.Lstat(filepath.Join(s.dir, LockFileName)); err == nil {
 		s.tighten(filepath.Join(s.dir, LockFileName), st)
 	}
-	for _, sub := range []string{VolumesDir, "repl"} {
+	for _, sub := range []string{VolumesDir, "repl", SnapshotsDir} {
 		filepath.WalkDir(filepath.Join(s.dir, sub), func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return nil

@@ -17,6 +17,8 @@
 //	<dir>/volumes/<name>.state/ optional per-volume state for other subsystems
 //	                          (replication: .state/repl/), see StateDir and
 //	                          StatePath; deleted with the volume
+//	<dir>/snapshots/<vol>/<snap>.raw, .json  snapshot VOL@SNAP, read-only
+//	                          (snapshot.go: snapshots, clones, rollback)
 //
 // Permissions: volumes are VM disks, so everything the store creates is
 // owner-only (files 0600, directories 0700) whatever the umask, and Open
@@ -141,6 +143,9 @@ type Meta struct {
 	// Replication records it and resyncs in full when it changed.
 	DataID   string `json:"data_id,omitempty"`
 	DataFile FileID `json:"data_file,omitzero"`
+	// Rollback is set while a rollback to a snapshot rewrites the raw file
+	// (snapshot.go); found set at Open, the rollback is completed.
+	Rollback *RollbackMark `json:"rollback,omitempty"`
 }
 
 // CreateOptions describes a new volume. Zero values get defaults: block
@@ -279,6 +284,7 @@ func Open(dir string) (*Store, error) {
 	s := &Store{dir: dir, vdir: vdir, lock: lf, dirLock: dl, idChanged: map[string]bool{}, unverified: map[string]error{}}
 	s.tightenAll()
 	atomicfile.RemoveTemps(vdir)
+	s.removeSnapshotDebris()
 	if err := s.reconcile(); err != nil {
 		s.Close()
 		return nil, err
@@ -326,6 +332,10 @@ func (s *Store) reconcile() error {
 }
 
 func (s *Store) reconcileOne(m Meta) {
+	m = s.reconcileRollback(m)
+	if m.Rollback != nil {
+		return // CheckRaw reports it
+	}
 	p := s.RawPath(m.Name)
 	st, err := os.Lstat(p)
 	if err != nil || !st.Mode().IsRegular() {
@@ -828,7 +838,7 @@ func (s *Store) Update(name string, fn func(*Meta) error) (Meta, error) {
 	}
 	n.Name, n.UUID, n.Size, n.LogicalBlockSize, n.PhysicalBlockSize, n.Created, n.Version =
 		m.Name, m.UUID, m.Size, m.LogicalBlockSize, m.PhysicalBlockSize, m.Created, m.Version
-	n.ResizeFrom, n.DataID, n.DataFile = m.ResizeFrom, m.DataID, m.DataFile
+	n.ResizeFrom, n.DataID, n.DataFile, n.Rollback = m.ResizeFrom, m.DataID, m.DataFile, m.Rollback
 	if n.Cache, err = backend.ParseCacheMode(string(n.Cache)); err != nil {
 		return Meta{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -854,6 +864,9 @@ func (s *Store) Delete(name string, force bool) error {
 	}
 	if !force && s.hooks.InUse != nil && s.hooks.InUse(name) {
 		return fmt.Errorf("volume %s: %w", name, ErrInUse)
+	}
+	if err := s.snapshotsBlockDelete(name, force); err != nil {
+		return err
 	}
 	// Metadata first: once it is gone the volume does not exist, whatever
 	// else a crash leaves behind.

@@ -1,0 +1,457 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/volrt"
+	"github.com/vmsan/vmsan/internal/volume"
+)
+
+// Snapshots, clones, rollback and import through the running daemon
+// (volume/snapshot.go has the store side and the on-disk layout).
+//
+//	GET    /v1/snapshots[?volume=VOL]                 []SnapshotInfo
+//	POST   /v1/volumes/{name}/snapshots               SnapshotRequest -> SnapshotInfo (201)
+//	DELETE /v1/volumes/{name}/snapshots/{snap}?force= 204
+//	POST   /v1/clone                                  CloneRequest -> VolumeInfo (201)
+//	POST   /v1/volumes/{name}/rollback                RollbackRequest -> VolumeInfo
+//	POST   /v1/import                                 ImportRequest -> VolumeInfo (201)
+//
+// Consistency: a snapshot, a clone of a live volume and a rollback run
+// with the volume quiesced (volrt.Volume.Quiesce: new writes held, the
+// writes already accepted completed and flushed), so the copy is the
+// volume as of one instant with every acknowledged write in it.
+//
+// Snapshots are served read-only under the export name VOL@SNAP: opened
+// on the first connection, kept open until the snapshot is deleted or the
+// daemon stops. They get no plugin wrapping (replication never sees them)
+// and are not in the volume map, so the default export and the volume
+// list are unchanged by them.
+
+// SnapshotInfo is a snapshot as the control API reports it.
+type SnapshotInfo struct {
+	volume.SnapMeta
+	Path      string `json:"path"`
+	Allocated int64  `json:"allocated"`
+	// Exports counts connected clients of the read-only export VOL@SNAP.
+	Exports int64 `json:"exports"`
+}
+
+// SnapshotRequest is the body of POST /v1/volumes/{name}/snapshots.
+type SnapshotRequest struct {
+	Name string `json:"name"`
+	Copy bool   `json:"copy,omitempty"`
+}
+
+// CloneRequest is the body of POST /v1/clone: Source is "VOL@SNAP" or
+// "VOL", Name the new volume.
+type CloneRequest struct {
+	Source string `json:"source"`
+	Name   string `json:"name"`
+	Copy   bool   `json:"copy,omitempty"`
+}
+
+// RollbackRequest is the body of POST /v1/volumes/{name}/rollback.
+type RollbackRequest struct {
+	Snapshot string `json:"snapshot"`
+	Force    bool   `json:"force,omitempty"`
+	Copy     bool   `json:"copy,omitempty"`
+}
+
+// ImportRequest is the body of POST /v1/import: a new volume whose raw
+// file is Path, a temporary file in the data directory's volumes/ that the
+// client filled (volume.TempImportPath).
+type ImportRequest struct {
+	CreateRequest
+	Path string `json:"path"`
+}
+
+func init() {
+	codeErrs["no_reflink"] = volume.ErrNoReflink
+	codeErrs["has_snapshots"] = volume.ErrHasSnapshots
+}
+
+// snapExports are the open read-only exports of snapshots.
+type snapExports struct {
+	mu sync.Mutex
+	m  map[string]*volrt.Volume // by "VOL@SNAP"
+}
+
+func (d *Daemon) registerSnapshotRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /v1/snapshots", d.hSnapList)
+	mux.HandleFunc("POST /v1/volumes/{name}/snapshots", d.hSnapCreate)
+	mux.HandleFunc("DELETE /v1/volumes/{name}/snapshots/{snap}", d.hSnapDelete)
+	mux.HandleFunc("POST /v1/clone", d.hClone)
+	mux.HandleFunc("POST /v1/volumes/{name}/rollback", d.hRollback)
+	mux.HandleFunc("POST /v1/import", d.hImport)
+}
+
+// openSnapshot is the registry's Open for "VOL@SNAP" names.
+func (d *Daemon) openSnapshot(ref string) (export.Device, error) {
+	vol, snap, isSnap, err := volume.SplitRef(ref)
+	if err != nil || !isSnap {
+		return nil, export.ErrNotFound
+	}
+	d.snaps.mu.Lock()
+	defer d.snaps.mu.Unlock()
+	if v := d.snaps.m[ref]; v != nil {
+		return v.Acquire(nil)
+	}
+	sm, err := d.store.GetSnapshot(vol, snap)
+	if err != nil {
+		return nil, export.ErrNotFound
+	}
+	be, err := backend.OpenFile(d.store.SnapshotPath(vol, snap), sm.Cache, true)
+	if err != nil {
+		d.log.Error("cannot open snapshot for export", "snapshot", ref, "err", err)
+		return nil, export.ErrNotFound
+	}
+	if be.Size() != sm.Size {
+		be.Close()
+		d.log.Error("snapshot raw file does not match its metadata; not exporting it", "snapshot", ref, "size", be.Size(), "metadata_size", sm.Size)
+		return nil, export.ErrNotFound
+	}
+	v := volrt.New(sm.Meta, be, engineConfig(d.cfg.Engine), uint32(d.cfg.MaxPayload))
+	if d.snaps.m == nil {
+		d.snaps.m = map[string]*volrt.Volume{}
+	}
+	d.snaps.m[ref] = v
+	d.log.Info("snapshot exported read-only", "snapshot", ref)
+	return v.Acquire(nil)
+}
+
+// snapshotExports lists the snapshots as exports (NBD_OPT_LIST), from
+// their metadata: listing does not open them.
+func (d *Daemon) snapshotExports() []export.Info {
+	l, _ := d.store.ListSnapshots("")
+	out := make([]export.Info, 0, len(l))
+	for _, sm := range l {
+		desc := sm.Description
+		if desc == "" {
+			desc = "snapshot of " + sm.Volume
+		}
+		out = append(out, export.Info{Name: sm.Name, Description: desc, UUID: sm.UUID, Size: sm.Size,
+			ReadOnly: true, CanMultiConn: true, Cache: sm.Cache})
+	}
+	return out
+}
+
+// snapRefs is the number of clients of a snapshot's export.
+func (d *Daemon) snapRefs(ref string) int64 {
+	d.snaps.mu.Lock()
+	defer d.snaps.mu.Unlock()
+	if v := d.snaps.m[ref]; v != nil {
+		return v.Refs()
+	}
+	return 0
+}
+
+// dropSnapExport ends a snapshot's export (its files are gone): clients
+// get EIO, the engine closes when the last one leaves.
+func (d *Daemon) dropSnapExport(ref string) {
+	d.snaps.mu.Lock()
+	v := d.snaps.m[ref]
+	delete(d.snaps.m, ref)
+	d.snaps.mu.Unlock()
+	if v != nil {
+		v.BeginDelete()
+		v.MarkGone()
+	}
+}
+
+// snapshotsGone drops the exports of every snapshot of vol (a volume
+// deleted with --force takes its snapshots with it).
+func (d *Daemon) snapshotsGone(vol string) {
+	d.snaps.mu.Lock()
+	var refs []string
+	for ref := range d.snaps.m {
+		if v, _, _ := strings.Cut(ref, volume.SnapSep); v == vol {
+			refs = append(refs, ref)
+		}
+	}
+	d.snaps.mu.Unlock()
+	for _, r := range refs {
+		d.dropSnapExport(r)
+	}
+}
+
+// closeSnapshots closes every snapshot export (shutdown, after the front
+// ends drained).
+func (d *Daemon) closeSnapshots() error {
+	d.snaps.mu.Lock()
+	defer d.snaps.mu.Unlock()
+	var errs []error
+	for ref, v := range d.snaps.m {
+		if err := v.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("snapshot %s: close: %w", ref, err))
+		}
+	}
+	d.snaps.m = nil
+	return errors.Join(errs...)
+}
+
+func (d *Daemon) snapInfo(sm volume.SnapMeta) SnapshotInfo {
+	p := d.store.SnapshotPath(sm.Volume, sm.Snapshot)
+	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: allocatedBytes(p), Exports: d.snapRefs(sm.Name)}
+}
+
+// quiesce holds writes to an open volume and flushes it (see the comment
+// at the top); the returned resume must be called. A volume that is not
+// open has nobody writing to it.
+func (d *Daemon) quiesce(name string) (func(), error) {
+	v := (*d.vols.Load())[name]
+	if v == nil {
+		return func() {}, nil
+	}
+	resume, err := v.Quiesce()
+	if err != nil {
+		return nil, fmt.Errorf("volume %s: flush before snapshot: %w", name, err)
+	}
+	return resume, nil
+}
+
+// CreateSnapshot takes the snapshot vol@snap of a volume, quiesced.
+func (d *Daemon) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := d.store.Get(vol); err != nil {
+		return SnapshotInfo{}, err
+	}
+	resume, err := d.quiesce(vol)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	sm, err := d.store.CreateSnapshot(vol, snap, volume.CloneOptions{Copy: copyData})
+	resume()
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	d.log.Info("snapshot created", "volume", vol, "snapshot", snap, "method", sm.Method)
+	return d.snapInfo(sm), nil
+}
+
+// DeleteSnapshot deletes vol@snap; refused while its read-only export has
+// clients unless force.
+func (d *Daemon) DeleteSnapshot(vol, snap string, force bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ref := vol + volume.SnapSep + snap
+	d.snaps.mu.Lock()
+	v := d.snaps.m[ref]
+	if v != nil && v.BeginDelete() && !force {
+		v.AbortDelete()
+		d.snaps.mu.Unlock()
+		return fmt.Errorf("snapshot %s: %w", ref, volume.ErrInUse)
+	}
+	d.snaps.mu.Unlock()
+	if err := d.store.DeleteSnapshot(vol, snap); err != nil {
+		if v != nil {
+			v.AbortDelete()
+		}
+		return err
+	}
+	d.dropSnapExport(ref)
+	d.log.Info("snapshot deleted", "volume", vol, "snapshot", snap)
+	return nil
+}
+
+// ListSnapshots lists vol's snapshots (every volume's when vol is "").
+func (d *Daemon) ListSnapshots(vol string) ([]SnapshotInfo, error) {
+	l, err := d.store.ListSnapshots(vol)
+	out := make([]SnapshotInfo, 0, len(l))
+	for _, sm := range l {
+		out = append(out, d.snapInfo(sm))
+	}
+	return out, err
+}
+
+// Clone creates volume name from src ("VOL@SNAP", or "VOL" quiesced) and
+// exports it.
+func (d *Daemon) Clone(src, name string, copyData bool) (VolumeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	vol, _, isSnap, err := volume.SplitRef(src)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	resume := func() {}
+	if !isSnap {
+		if resume, err = d.quiesce(vol); err != nil {
+			return VolumeInfo{}, err
+		}
+	}
+	m, err := d.store.Clone(src, name, volume.CloneOptions{Copy: copyData})
+	resume()
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := d.exportNewLocked(m); err != nil {
+		return VolumeInfo{}, err
+	}
+	d.log.Info("volume cloned", "volume", name, "source", src)
+	return d.info(m), nil
+}
+
+// exportNewLocked opens a volume just created and publishes it; on failure
+// the volume is deleted again (as CreateVolume does). REQUIRES: d.mu held.
+func (d *Daemon) exportNewLocked(m volume.Meta) error {
+	v, err := openVol(d.store, m, d.engineFor(m.Name), uint32(d.cfg.MaxPayload))
+	if err != nil {
+		d.store.Delete(m.Name, true)
+		return settingsErr(err)
+	}
+	d.publish(func(mm map[string]*volrt.Volume) { mm[m.Name] = v })
+	return nil
+}
+
+// replicatedErr reports (through the replication resize check, which
+// refuses exactly the replicated volumes) why vol's contents must not be
+// replaced behind replication's back.
+func replicatedErr(checks []ResizeCheck, dataDir, vol string) error {
+	if err := checkResize(checks, dataDir, vol, 0); err != nil && errors.Is(err, ErrReplicated) {
+		return fmt.Errorf("volume %s: rollback %w: it would rewrite this copy behind replication's back, and the peer would keep "+
+			"(and resync back) the data being rolled away; take the volume out of replication on both nodes first, "+
+			"roll back, then set replication up again so the peer resyncs in full from this node", vol, ErrReplicated)
+	}
+	return nil
+}
+
+// Rollback makes vol's contents those of vol@snap, in place. Refused while
+// clients are connected unless force (they then see the contents change
+// under them, like a disk swapped), and for a replicated volume.
+func (d *Daemon) Rollback(vol, snap string, force, copyData bool) (VolumeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := d.store.Get(vol); err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := replicatedErr(d.opts.Hooks.Resize, d.cfg.DataDir, vol); err != nil {
+		return VolumeInfo{}, err
+	}
+	if v := (*d.vols.Load())[vol]; v != nil && v.Refs() > 0 && !force {
+		return VolumeInfo{}, fmt.Errorf("volume %s: %w (a rollback changes the data under the clients: disconnect them, or use --force)", vol, volume.ErrInUse)
+	}
+	resume, err := d.quiesce(vol)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	m, err := d.store.Rollback(vol, snap, volume.CloneOptions{Copy: copyData})
+	resume()
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	d.log.Warn("volume rolled back to snapshot", "volume", vol, "snapshot", snap, "force", force, "data_id", m.DataID)
+	return d.info(m), nil
+}
+
+// ImportVolume creates a volume from a file the client filled (see
+// ImportRequest) and exports it.
+func (d *Daemon) ImportVolume(o volume.CreateOptions, path string) (VolumeInfo, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m, err := d.store.CreateFromFile(o, path)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	if err := d.exportNewLocked(m); err != nil {
+		return VolumeInfo{}, err
+	}
+	d.log.Info("volume imported", "volume", m.Name, "size", m.Size)
+	return d.info(m), nil
+}
+
+func (d *Daemon) hSnapList(w http.ResponseWriter, r *http.Request) {
+	l, err := d.ListSnapshots(r.URL.Query().Get("volume"))
+	if err != nil && len(l) == 0 {
+		writeErr(w, err)
+		return
+	}
+	if err != nil {
+		d.log.Warn("some snapshots are unreadable", "err", err)
+	}
+	writeJSON(w, http.StatusOK, l)
+}
+
+func (d *Daemon) hSnapCreate(w http.ResponseWriter, r *http.Request) {
+	var req SnapshotRequest
+	if err := readJSON(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	si, err := d.CreateSnapshot(r.PathValue("name"), req.Name, req.Copy)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, si)
+}
+
+func (d *Daemon) hSnapDelete(w http.ResponseWriter, r *http.Request) {
+	force := false
+	if f := r.URL.Query().Get("force"); f != "" {
+		var err error
+		if force, err = strconv.ParseBool(f); err != nil {
+			writeErr(w, &APIError{Code: "bad_request", Message: fmt.Sprintf("force=%q: want true or false", f)})
+			return
+		}
+	}
+	if err := d.DeleteSnapshot(r.PathValue("name"), r.PathValue("snap"), force); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (d *Daemon) hClone(w http.ResponseWriter, r *http.Request) {
+	var req CloneRequest
+	if err := readJSON(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	vi, err := d.Clone(req.Source, req.Name, req.Copy)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, vi)
+}
+
+func (d *Daemon) hRollback(w http.ResponseWriter, r *http.Request) {
+	var req RollbackRequest
+	if err := readJSON(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	vi, err := d.Rollback(r.PathValue("name"), req.Snapshot, req.Force, req.Copy)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, vi)
+}
+
+func (d *Daemon) hImport(w http.ResponseWriter, r *http.Request) {
+	var req ImportRequest
+	if err := readJSON(r, &req); err != nil {
+		writeErr(w, err)
+		return
+	}
+	o, err := req.Options()
+	if err != nil {
+		writeErr(w, fmt.Errorf("%w: %v", volume.ErrBadSize, err))
+		return
+	}
+	vi, err := d.ImportVolume(o, req.Path)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, vi)
+}

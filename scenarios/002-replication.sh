@@ -39,7 +39,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 
 CLIENT=${CLIENT:-guest}         # guest or fio
-FILES=${FILES:-20000}           # guest: files of 4 KiB in the tree
+FILES=${FILES:-40000}           # guest: files of 4 KiB in the tree
 COPY_LIMIT=${COPY_LIMIT:-120}   # guest: seconds the copy may run before it is cut off
 MAX_KB=${MAX_KB:-4}             # guest: vda max_sectors_kb during the copy (0: the guest's own)
 # QEMU's virtio-blk merges adjacent requests that the guest queued

@@ -279,6 +279,18 @@ run_one() {
 	# The primary's log says it too, whatever the metrics say.
 	ping="$ping ($(grep -ci 'ping.timeout' "$OUT/$name-primary.log" || true) log lines)"
 	mean=$(awk -v s=$((sumb1 - sumb0)) -v c=$((cntb1 - cntb0)) 'BEGIN { printf "%.1f", c ? s/c/1024 : 0 }')
+	# How long a replicated write waited for the secondary's ack (the whole
+	# life of the pair: the initial sync sends none): mean and the bucket
+	# that holds the 99th percentile. Against the ping and ko timeouts.
+	awk -v n="$name" '
+		/^vmsan_repl_peer_ack_latency_seconds_bucket/ { match($1, /le="[^"]+"/); le[++k] = substr($1, RSTART + 4, RLENGTH - 5); c[k] = $2 }
+		/^vmsan_repl_peer_ack_latency_seconds_sum/ { s = $2 }
+		/^vmsan_repl_peer_ack_latency_seconds_count/ { t = $2 }
+		END {
+			if (!t) { printf "%s: no replicated writes acked\n", n; exit }
+			for (i = 1; i <= k; i++) if (c[i] >= 0.99 * t) { p = le[i]; break }
+			printf "%s: %d writes, mean %.3f s, 99%% within %s s\n", n, t, s / t, p
+		}' "$OUT/$name-primary-metrics.txt" >>"$OUT/ack.txt"
 	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$CR_TIME" "$CR_MBPS" "$CR_WORST" "$CR_WSZ" "$mean" \
 		"$(fmt_disc "$disc")" "$ping" "$CR_NC" "$CR_LOAD" >>"$OUT/table.md"
 	kill "$pa" "$pb" 2>/dev/null || true
@@ -371,20 +383,22 @@ for n in "${runs[@]}"; do cat "$OUT/$n-mbps.tsv"; done >"$OUT/mbps.tsv"
 	echo
 	cat "$OUT/table.md"
 	echo
-	echo "Client MB/s over time (primary's NBD bytes written between samples, at seconds since the client started):"
+	echo "Replicated writes' wait for the secondary's ack (vmsan_repl_peer_ack_latency_seconds on the primary; the defaults: ping timeout 6 s, ko timeout 10 s):"
+	echo
+	sed 's/^/* /' "$OUT/ack.txt"
+	echo
+	echo "Client MB/s over time (primary's NBD bytes written; mean of the once-a-second samples in each 5 s of the client run; full series in mbps.tsv):"
 	echo
 	echo '```'
-	# One column per run; samples of different runs fall on different
-	# seconds, "-" where a run has none.
 	awk -F'\t' -v order="${runs[*]}" '
 		BEGIN { nr = split(order, rn, " ") }
-		{ v[$1, $2] = $3; if ($2 > max) max = $2 }
+		{ k = int($2 / 5) * 5; s[$1, k] += $3; n[$1, k]++; if (k > max) max = k }
 		END {
 			printf "second"; for (i = 1; i <= nr; i++) printf "\t%s", rn[i]; print ""
-			for (sec = 0; sec <= max; sec++) {
-				line = sec; any = 0
-				for (i = 1; i <= nr; i++) { if ((rn[i], sec) in v) { line = line "\t" v[rn[i], sec]; any = 1 } else line = line "\t-" }
-				if (any) print line
+			for (sec = 0; sec <= max; sec += 5) {
+				line = sec
+				for (i = 1; i <= nr; i++) line = line "\t" (((rn[i], sec) in n) ? sprintf("%.2f", s[rn[i], sec] / n[rn[i], sec]) : "-")
+				print line
 			}
 		}' "$OUT/mbps.tsv"
 	echo '```'

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Scenario 002: a replicated pair whose secondary sits on a slow disk, and a
 # QEMU guest whose disk is the primary's export copying a tree of small
-# files (`cp -a`, many 4 KiB writes), run twice:
+# files (`cp -a`, many 4 KiB writes), run three times:
 #
+#   reference   the primary alone, the volume not replicated: what the
+#               client does when storage is not its limit (REFERENCE=0
+#               skips it)
 #   default     vmsan's defaults: the secondary applies the replication
 #               stream through its I/O engine, which merges adjacent writes
 #   diagnostic  the secondary's engine with merging and write gathering
@@ -23,7 +26,12 @@
 # client, virtio-blk, cache=none); /dev/vdb is a read-only ext4 image built
 # here with `mke2fs -d` holding FILES files of 4 KiB in directories of 300.
 # The guest makes an ext4 filesystem on vda, mounts it, runs
-# `cp -a /src/tree /dst/` and `sync`. A copy still running COPY_LIMIT
+# `cp -a /src/tree /dst/` and `sync`, with small dirty limits so that cp
+# runs at the rate the disk takes. MAX_KB=4 (default): the guest's vda
+# max_sectors_kb is 4 during the copy and QEMU's virtio-blk request merging
+# is off, so the primary receives 4 KiB requests, the stream the reported
+# secondary got; MAX_KB=0 keeps the guest's own limit (ext4 writeback then
+# sends ~128 KiB requests and neither mode collapses). A copy still running COPY_LIMIT
 # seconds after it started is cut off (the guest is killed) and reported as
 # such. The copy's rate comes from the primary's metrics
 # (vmsan_nbd_bytes_total{direction="write"}, sampled once a second), since
@@ -32,9 +40,9 @@
 # RUNTIME seconds): the same kind of request stream without the filesystem
 # and in far less CPU time.
 #
-# Output (scenarios/out/002-replication/): summary.md (table), mbps.tsv
-# (client MB/s per second for both runs), mbps.png (plot), logs, guest
-# consoles.
+# Output (scenarios/out/002-replication/): summary.md (table, ack
+# latencies, MB/s per 5 s), mbps.tsv (client MB/s per sample for each run),
+# mbps.png (plot), logs, metrics, guest consoles.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 

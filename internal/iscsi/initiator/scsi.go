@@ -1,0 +1,268 @@
+package initiator
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/vmsan/vmsan/internal/iscsi/pdu"
+)
+
+var be = binary.BigEndian
+
+// SCSI operation codes this package sends (SBC-3, SPC-4).
+const (
+	opTestUnitReady  = 0x00
+	opInquiry        = 0x12
+	opRead16         = 0x88
+	opWrite16        = 0x8a
+	opSyncCache16    = 0x91
+	opWriteSame16    = 0x93
+	opServiceIn16    = 0x9e
+	saReadCapacity16 = 0x10
+	opUnmap          = 0x42
+)
+
+// CheckError is a command that ended with a status other than GOOD.
+type CheckError struct {
+	Op     byte
+	Status pdu.SCSIStatus
+	Sense  []byte
+}
+
+// SenseKey, ASC and ASCQ decode fixed (0x70/0x71) or descriptor
+// (0x72/0x73) sense data; zero when absent.
+func (e *CheckError) SenseKey() (key, asc, ascq byte) {
+	s := e.Sense
+	if len(s) == 0 {
+		return
+	}
+	switch s[0] & 0x7f {
+	case 0x70, 0x71:
+		if len(s) > 2 {
+			key = s[2] & 0x0f
+		}
+		if len(s) > 13 {
+			asc, ascq = s[12], s[13]
+		}
+	case 0x72, 0x73:
+		if len(s) > 3 {
+			key, asc, ascq = s[1]&0x0f, s[2], s[3]
+		}
+	}
+	return
+}
+
+func (e *CheckError) Error() string {
+	k, a, q := e.SenseKey()
+	return fmt.Sprintf("iscsi: SCSI op %#02x: %s (sense key %#x, ASC/ASCQ %02x/%02x)", e.Op, e.Status, k, a, q)
+}
+
+// Check turns a non-GOOD response into a *CheckError.
+func Check(cdb []byte, r Response, err error) error {
+	if err != nil {
+		return err
+	}
+	if r.Response != pdu.CommandCompletedAtTarget {
+		return fmt.Errorf("iscsi: SCSI op %#02x: %s", cdb[0], r.Response)
+	}
+	if r.Status != pdu.StatusGood {
+		return &CheckError{Op: cdb[0], Status: r.Status, Sense: r.Sense}
+	}
+	return nil
+}
+
+// LU is one logical unit of a session, with its capacity.
+type LU struct {
+	s         *Session
+	lun       uint64
+	blockSize int
+	blocks    uint64
+	lbpme     bool
+}
+
+// EncodeLUN returns the 8-byte LUN field for a LUN number (SAM-5
+// peripheral addressing below 256, flat space addressing above).
+func EncodeLUN(n uint16) uint64 {
+	if n < 256 {
+		return uint64(n) << 48
+	}
+	return uint64(0x4000|n&0x3fff) << 48
+}
+
+// LU returns logical unit n after READ CAPACITY(16). A unit attention
+// left by the login (power on / reset) is cleared with TEST UNIT READY
+// first.
+func (s *Session) LU(ctx context.Context, n uint16) (*LU, error) {
+	lu := &LU{s: s, lun: EncodeLUN(n)}
+	for i := 0; i < 3; i++ {
+		cdb := []byte{opTestUnitReady, 0, 0, 0, 0, 0}
+		r, err := s.Command(ctx, lu.lun, cdb, nil, nil)
+		if err = Check(cdb, r, err); err == nil {
+			break
+		} else if ce := (*CheckError)(nil); !errors.As(err, &ce) || i == 2 {
+			return nil, err
+		}
+	}
+	buf := make([]byte, 32)
+	cdb := make([]byte, 16)
+	cdb[0], cdb[1] = opServiceIn16, saReadCapacity16
+	be.PutUint32(cdb[10:], uint32(len(buf)))
+	r, err := s.Command(ctx, lu.lun, cdb, nil, buf)
+	if err := Check(cdb, r, err); err != nil {
+		return nil, err
+	}
+	if r.DataIn < 12 {
+		return nil, fmt.Errorf("iscsi: READ CAPACITY(16) returned %d bytes", r.DataIn)
+	}
+	lu.blocks = be.Uint64(buf[0:]) + 1
+	lu.blockSize = int(be.Uint32(buf[8:]))
+	if lu.blockSize < 512 || lu.blockSize > 1<<20 || lu.blockSize&(lu.blockSize-1) != 0 {
+		return nil, fmt.Errorf("iscsi: READ CAPACITY(16): block size %d", lu.blockSize)
+	}
+	lu.lbpme = r.DataIn > 14 && buf[14]&0x80 != 0
+	return lu, nil
+}
+
+// Size is the capacity in bytes.
+func (l *LU) Size() int64 { return int64(l.blocks) * int64(l.blockSize) }
+
+// BlockSize is the logical block length.
+func (l *LU) BlockSize() int { return l.blockSize }
+
+// ThinProvisioned reports READ CAPACITY(16)'s LBPME bit (UNMAP works).
+func (l *LU) ThinProvisioned() bool { return l.lbpme }
+
+// Session is the session the LU belongs to.
+func (l *LU) Session() *Session { return l.s }
+
+func (l *LU) span(n int, off int64) (lba uint64, blocks uint32, err error) {
+	bs := int64(l.blockSize)
+	if off < 0 || off%bs != 0 || int64(n)%bs != 0 {
+		return 0, 0, fmt.Errorf("iscsi: I/O [%d,+%d) not aligned to the %d-byte block", off, n, bs)
+	}
+	if off+int64(n) > l.Size() {
+		return 0, 0, fmt.Errorf("iscsi: I/O [%d,+%d) beyond the %d-byte LU", off, n, l.Size())
+	}
+	if int64(n)/bs > 1<<32-1 {
+		return 0, 0, fmt.Errorf("iscsi: I/O of %d bytes too long for one command", n)
+	}
+	return uint64(off / bs), uint32(int64(n) / bs), nil
+}
+
+func rw16(op byte, lba uint64, blocks uint32, fua bool) []byte {
+	cdb := make([]byte, 16)
+	cdb[0] = op
+	if fua {
+		cdb[1] = 0x08
+	}
+	be.PutUint64(cdb[2:], lba)
+	be.PutUint32(cdb[10:], blocks)
+	return cdb
+}
+
+// ReadAtContext reads len(p) bytes at off with READ(16).
+// REQUIRES: off and len(p) are multiples of BlockSize.
+func (l *LU) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	lba, n, err := l.span(len(p), off)
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	cdb := rw16(opRead16, lba, n, false)
+	r, err := l.s.Command(ctx, l.lun, cdb, nil, p)
+	if err := Check(cdb, r, err); err != nil {
+		return 0, err
+	}
+	if r.DataIn != len(p) {
+		return r.DataIn, fmt.Errorf("iscsi: READ(16) moved %d of %d bytes", r.DataIn, len(p))
+	}
+	return len(p), nil
+}
+
+// WriteAtContext writes p at off with WRITE(16) (FUA when fua).
+func (l *LU) WriteAtContext(ctx context.Context, p []byte, off int64, fua bool) (int, error) {
+	lba, n, err := l.span(len(p), off)
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	cdb := rw16(opWrite16, lba, n, fua)
+	r, err := l.s.Command(ctx, l.lun, cdb, p, nil)
+	if err := Check(cdb, r, err); err != nil {
+		return 0, err
+	}
+	if r.Underflow && r.Residual > 0 {
+		return len(p) - int(r.Residual), fmt.Errorf("iscsi: WRITE(16) residual %d", r.Residual)
+	}
+	return len(p), nil
+}
+
+// ReadAt implements io.ReaderAt.
+func (l *LU) ReadAt(p []byte, off int64) (int, error) {
+	return l.ReadAtContext(context.Background(), p, off)
+}
+
+// WriteAt implements io.WriterAt.
+func (l *LU) WriteAt(p []byte, off int64) (int, error) {
+	return l.WriteAtContext(context.Background(), p, off, false)
+}
+
+// Flush sends SYNCHRONIZE CACHE(16) for the whole LU.
+func (l *LU) Flush() error {
+	cdb := make([]byte, 16)
+	cdb[0] = opSyncCache16
+	r, err := l.s.Command(context.Background(), l.lun, cdb, nil, nil)
+	return Check(cdb, r, err)
+}
+
+// Unmap deallocates [off, off+n) with one UNMAP block descriptor.
+func (l *LU) Unmap(ctx context.Context, off, n int64) error {
+	lba, blocks, err := l.span(int(n), off)
+	if err != nil || blocks == 0 {
+		return err
+	}
+	param := make([]byte, 24)
+	be.PutUint16(param[0:], 22)
+	be.PutUint16(param[2:], 16)
+	be.PutUint64(param[8:], lba)
+	be.PutUint32(param[16:], blocks)
+	cdb := make([]byte, 10)
+	cdb[0] = opUnmap
+	be.PutUint16(cdb[7:], uint16(len(param)))
+	r, err := l.s.Command(ctx, l.lun, cdb, param, nil)
+	return Check(cdb, r, err)
+}
+
+// WriteSame writes block (one logical block) over [off, off+n) with WRITE
+// SAME(16); unmap sets the UNMAP bit (the target may deallocate the range
+// if block is all zeroes).
+func (l *LU) WriteSame(ctx context.Context, block []byte, off, n int64, unmap bool) error {
+	if len(block) != l.blockSize {
+		return fmt.Errorf("iscsi: WRITE SAME block of %d bytes, LU block size %d", len(block), l.blockSize)
+	}
+	lba, blocks, err := l.span(int(n), off)
+	if err != nil || blocks == 0 {
+		return err
+	}
+	cdb := rw16(opWriteSame16, lba, blocks, false)
+	if unmap {
+		cdb[1] |= 0x08
+	}
+	r, err := l.s.Command(ctx, l.lun, cdb, block, nil)
+	return Check(cdb, r, err)
+}
+
+// Inquiry returns the standard INQUIRY data (evpd false) or VPD page
+// page (evpd true), at most 255 bytes.
+func (l *LU) Inquiry(ctx context.Context, evpd bool, page byte) ([]byte, error) {
+	buf := make([]byte, 255)
+	cdb := []byte{opInquiry, 0, 0, 0, byte(len(buf)), 0}
+	if evpd {
+		cdb[1], cdb[2] = 1, page
+	}
+	r, err := l.s.Command(ctx, l.lun, cdb, nil, buf)
+	if err := Check(cdb, r, err); err != nil {
+		return nil, err
+	}
+	return buf[:r.DataIn], nil
+}

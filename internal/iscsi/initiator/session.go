@@ -85,7 +85,7 @@ type task struct {
 	done  chan struct{}
 	scsi  bool
 	// Data-In reassembly: the next expected DataSN and the bytes received.
-	dataSN uint32
+	dataSN  uint32
 	nextR2T uint32
 }
 

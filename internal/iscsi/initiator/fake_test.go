@@ -127,7 +127,7 @@ func (f *fake) login() error {
 			}
 		case m["CHAP_N"] != "":
 			mutual, err := chap.Verify(ch, m, chap.Secrets{
-				Lookup: func(n string) ([]byte, bool) { return f.secret, n == f.user },
+				Lookup:     func(n string) ([]byte, bool) { return f.secret, n == f.user },
 				TargetName: f.tuser, TargetSecret: f.tsecret}, nil)
 			if err != nil {
 				return refuse(pdu.LoginAuthenticationFailure)

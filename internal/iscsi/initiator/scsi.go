@@ -22,6 +22,7 @@ const (
 	opServiceIn16    = 0x9e
 	saReadCapacity16 = 0x10
 	opUnmap          = 0x42
+	opReportLUNs     = 0xa0
 )
 
 // CheckError is a command that ended with a status other than GOOD.
@@ -265,4 +266,52 @@ func (l *LU) Inquiry(ctx context.Context, evpd bool, page byte) ([]byte, error) 
 		return nil, err
 	}
 	return buf[:r.DataIn], nil
+}
+
+// ReportLUNs returns the LUN numbers REPORT LUNS lists (peripheral and
+// flat space addressing; other address methods are skipped).
+func (s *Session) ReportLUNs(ctx context.Context) ([]uint16, error) {
+	buf := make([]byte, 8+8*256)
+	cdb := make([]byte, 12)
+	cdb[0] = opReportLUNs
+	be.PutUint32(cdb[6:], uint32(len(buf)))
+	r, err := s.Command(ctx, 0, cdb, nil, buf)
+	if err := Check(cdb, r, err); err != nil {
+		return nil, err
+	}
+	if r.DataIn < 8 {
+		return nil, fmt.Errorf("iscsi: REPORT LUNS returned %d bytes", r.DataIn)
+	}
+	n := min(int(be.Uint32(buf)), r.DataIn-8) / 8
+	var out []uint16
+	for i := 0; i < n; i++ {
+		e := buf[8+8*i:]
+		switch e[0] >> 6 {
+		case 0: // peripheral device addressing, bus 0
+			if e[0]&0x3f == 0 {
+				out = append(out, uint16(e[1]))
+			}
+		case 1: // flat space addressing
+			out = append(out, uint16(e[0]&0x3f)<<8|uint16(e[1]))
+		}
+	}
+	return out, nil
+}
+
+// FirstDisk returns the first LUN whose standard INQUIRY names a
+// direct-access block device (peripheral qualifier 0, type 0): tgt lists
+// a controller at LUN 0 before its disks.
+func (s *Session) FirstDisk(ctx context.Context) (uint16, error) {
+	luns, err := s.ReportLUNs(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, n := range luns {
+		lu := &LU{s: s, lun: EncodeLUN(n)}
+		inq, err := lu.Inquiry(ctx, false, 0)
+		if err == nil && len(inq) > 0 && inq[0] == 0 {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("iscsi: no direct-access LUN among %v", luns)
 }

@@ -264,3 +264,20 @@ func TestTgtDiscoveryAndUnknownTarget(t *testing.T) {
 		t.Fatalf("unknown target: %v", err)
 	}
 }
+
+// TestTgtReportLUNs finds tgt's disk behind its LUN 0 controller.
+func TestTgtReportLUNs(t *testing.T) {
+	srv, _ := startTgt(t, 1<<20, tgtd.Options{})
+	s, err := initiator.Dial(context.Background(), srv.Addr, initiator.Config{TargetName: srv.IQN})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	luns, err := s.ReportLUNs(context.Background())
+	if err != nil || len(luns) != 2 || luns[0] != 0 || luns[1] != 1 {
+		t.Fatalf("REPORT LUNS: %v %v", luns, err)
+	}
+	if n, err := s.FirstDisk(context.Background()); err != nil || n != 1 {
+		t.Fatalf("first disk: %d %v", n, err)
+	}
+}

@@ -565,3 +565,44 @@ func TestFakeNOPTimeout(t *testing.T) {
 		t.Fatal("command still waiting 20 s after the target went silent (NOP interval 200 ms)")
 	}
 }
+
+// TestFakeCloseDuringRead closes the session while the target is still
+// streaming Data-In into a read buffer. When Command returns, the
+// initiator must be done with the buffer: the caller overwrites it at
+// once, which the race detector flags if the reader goroutine still
+// copies payload into it (run with -race).
+func TestFakeCloseDuringRead(t *testing.T) {
+	f := &fake{}
+	s, done := startFake(t, f, initiator.Config{}, func(f *fake, fr pdu.Frame) error {
+		c, ok := fr.Header.(*pdu.SCSICommand)
+		if !ok {
+			return nil
+		}
+		go func() {
+			chunk := make([]byte, 512)
+			for i := 0; ; i++ {
+				off := uint32(i*512) % c.ExpectedDataTransferLength
+				if f.send(&pdu.DataIn{ITT: c.ITT, TTT: pdu.ReservedTag, DataSN: uint32(i), BufferOffset: off, StatusSNs: f.sns(false)}, chunk) != nil {
+					return
+				}
+			}
+		}()
+		return nil
+	})
+	if s == nil {
+		t.Fatal(<-done)
+	}
+	buf := make([]byte, 1<<20)
+	cdb := make([]byte, 16)
+	cdb[0] = 0x88
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		s.Close()
+	}()
+	if _, err := s.Command(context.Background(), 0, cdb, nil, buf); !errors.Is(err, initiator.ErrSessionFailed) {
+		t.Fatalf("read: %v", err)
+	}
+	for i := range buf {
+		buf[i] = 0xee
+	}
+}

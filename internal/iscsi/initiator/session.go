@@ -49,6 +49,7 @@ type Session struct {
 	wcond  *sync.Cond
 	wq     net.Buffers // queued PDUs, in send order
 	wclose bool
+	wdone  chan struct{} // closed when writeLoop has returned
 
 	lastRecv  atomic.Int64 // unix nanos of the last PDU from the target
 	done      chan struct{}
@@ -150,6 +151,7 @@ func newSession(ctx context.Context, nc net.Conn, cfg *Config, discovery bool) (
 		nextITT: 1,
 		tasks:   make(map[uint32]*task),
 		done:    make(chan struct{}),
+		wdone:   make(chan struct{}),
 	}
 	// The first command carries the login's CmdSN, which the target's
 	// ExpCmdSN names (the immediate login did not advance it); follow the
@@ -194,22 +196,22 @@ func (s *Session) Err() error {
 	return s.failed
 }
 
-// fail marks the session dead, fails every outstanding task and closes
-// the connection. Safe to call more than once.
+// fail marks the session dead and closes the connection; the reader
+// goroutine then exits and fails every outstanding task (finish). Safe to
+// call more than once, from any goroutine.
+//
+// INVARIANT: only the reader goroutine completes tasks, and on failure
+// only after the writer goroutine has exited, so that when a caller's
+// Command returns, neither goroutine touches its buffer any more (the
+// reader may be copying a Data-In payload into it, the writer may be
+// sending it as Data-Out, until they notice the closed connection).
 func (s *Session) fail(err error) {
 	s.mu.Lock()
 	if s.failed == nil {
 		s.failed = fmt.Errorf("%w: %v", ErrSessionFailed, err)
 	}
-	tasks := s.tasks
-	s.tasks = make(map[uint32]*task)
-	ferr := s.failed
 	s.cond.Broadcast()
 	s.mu.Unlock()
-	for _, t := range tasks {
-		t.err = ferr
-		close(t.done)
-	}
 	s.closeOnce.Do(func() {
 		close(s.done)
 		s.nc.Close()
@@ -219,6 +221,20 @@ func (s *Session) fail(err error) {
 		s.wcond.Broadcast()
 		s.wmu.Unlock()
 	})
+}
+
+// finish fails every outstanding task; called by the reader goroutine
+// once it and the writer have stopped.
+func (s *Session) finish() {
+	s.mu.Lock()
+	tasks := s.tasks
+	s.tasks = make(map[uint32]*task)
+	ferr := s.failed
+	s.mu.Unlock()
+	for _, t := range tasks {
+		t.err = ferr
+		close(t.done)
+	}
 }
 
 // Close drops the connection without logging out; outstanding commands
@@ -242,6 +258,7 @@ func (s *Session) enqueue(bufs ...[]byte) {
 // writeLoop sends queued PDUs, all that are queued in one writev.
 func (s *Session) writeLoop() {
 	defer s.wg.Done()
+	defer close(s.wdone)
 	for {
 		s.wmu.Lock()
 		for len(s.wq) == 0 && !s.wclose {
@@ -491,6 +508,8 @@ func (s *Session) readLoop() {
 	defer s.wg.Done()
 	err := s.readPDUs()
 	s.fail(err)
+	<-s.wdone
+	s.finish()
 }
 
 func (s *Session) readPDUs() error {

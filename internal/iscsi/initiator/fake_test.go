@@ -606,3 +606,67 @@ func TestFakeCloseDuringRead(t *testing.T) {
 		buf[i] = 0xee
 	}
 }
+
+// TestFakeBusyRetry: a target that answers BUSY and TASK SET FULL (as
+// vmsan's does when its in-flight budget is spent) and then a UNIT
+// ATTENTION before executing: LU's WriteAt and ReadAt retry and succeed,
+// and the command reaches the target once per answer.
+func TestFakeBusyRetry(t *testing.T) {
+	f := &fake{}
+	var mu sync.Mutex
+	seen := map[byte]int{}
+	s, done := startFake(t, f, initiator.Config{}, func(f *fake, fr pdu.Frame) error {
+		c, ok := fr.Header.(*pdu.SCSICommand)
+		if !ok {
+			return nil
+		}
+		mu.Lock()
+		seen[c.CDB[0]]++
+		n := seen[c.CDB[0]]
+		mu.Unlock()
+		resp := &pdu.SCSIResponse{ITT: c.ITT, StatusSNs: f.sns(true)}
+		switch c.CDB[0] {
+		case 0x9e: // READ CAPACITY(16): 2048 blocks of 512 bytes
+			d := make([]byte, 32)
+			d[6], d[7], d[10] = 0x07, 0xff, 0x02
+			return f.send(&pdu.DataIn{ITT: c.ITT, Final: true, HasStatus: true, StatusSNs: f.sns(true)}, d)
+		case 0x8a, 0x88:
+			switch n {
+			case 1:
+				resp.Status = pdu.StatusBusy
+			case 2:
+				resp.Status = pdu.StatusTaskSetFull
+			case 3:
+				sense := make([]byte, 18)
+				sense[0], sense[2], sense[7], sense[12] = 0x70, 0x06, 10, 0x2a
+				resp.Status = pdu.StatusCheckCondition
+				return f.send(resp, pdu.SenseData(sense))
+			}
+			if c.CDB[0] == 0x88 && n > 3 {
+				return f.send(&pdu.DataIn{ITT: c.ITT, Final: true, HasStatus: true, StatusSNs: f.sns(true)}, make([]byte, c.ExpectedDataTransferLength))
+			}
+		}
+		return f.send(resp, nil)
+	})
+	if s == nil {
+		t.Fatal(<-done)
+	}
+	lu, err := s.LU(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lu.Size() != 2048*512 {
+		t.Fatalf("size %d", lu.Size())
+	}
+	if _, err := lu.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if _, err := lu.ReadAt(make([]byte, 4096), 0); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if seen[0x8a] != 4 || seen[0x88] != 4 {
+		t.Fatalf("commands seen: %v", seen)
+	}
+}

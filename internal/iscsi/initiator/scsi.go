@@ -3,8 +3,8 @@ package initiator
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
 )
@@ -74,6 +74,59 @@ func Check(cdb []byte, r Response, err error) error {
 	return nil
 }
 
+// Retry policy of LU's commands. A target answers BUSY or TASK SET FULL
+// when it cannot take more work just now (vmsan's target does when its
+// in-flight byte budget is spent), and UNIT ATTENTION once after events
+// such as a capacity change or a reset; like the Linux sd driver, the LU
+// methods retry those instead of failing the caller's I/O.
+const (
+	// busyTimeout bounds the retries of one command on BUSY / TASK SET FULL.
+	busyTimeout = 30 * time.Second
+	// maxUnitAttentions is how many UNIT ATTENTIONs in a row one command
+	// absorbs.
+	maxUnitAttentions = 3
+)
+
+// do runs cdb on the LU, retrying BUSY, TASK SET FULL (with backoff from
+// 1 ms up to 100 ms, for at most busyTimeout) and UNIT ATTENTION (up to
+// maxUnitAttentions times).
+func (l *LU) do(ctx context.Context, cdb, out, in []byte) (Response, error) {
+	var deadline time.Time
+	backoff := time.Millisecond
+	uas := 0
+	for {
+		r, err := l.s.Command(ctx, l.lun, cdb, out, in)
+		if err != nil {
+			return r, err
+		}
+		switch r.Status {
+		case pdu.StatusBusy, pdu.StatusTaskSetFull:
+			if deadline.IsZero() {
+				deadline = time.Now().Add(busyTimeout)
+			} else if time.Now().After(deadline) {
+				return r, Check(cdb, r, nil)
+			}
+			select {
+			case <-ctx.Done():
+				return r, ctx.Err()
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 100*time.Millisecond)
+			continue
+		case pdu.StatusCheckCondition:
+			ce := &CheckError{Sense: r.Sense}
+			if k, _, _ := ce.SenseKey(); k == senseUnitAttention && uas < maxUnitAttentions {
+				uas++
+				continue
+			}
+		}
+		return r, Check(cdb, r, nil)
+	}
+}
+
+// senseUnitAttention is sense key 6h.
+const senseUnitAttention = 0x6
+
 // LU is one logical unit of a session, with its capacity.
 type LU struct {
 	s         *Session
@@ -94,24 +147,19 @@ func EncodeLUN(n uint16) uint64 {
 
 // LU returns logical unit n after READ CAPACITY(16). A unit attention
 // left by the login (power on / reset) is cleared with TEST UNIT READY
-// first.
+// first (LU methods retry unit attentions, see do).
 func (s *Session) LU(ctx context.Context, n uint16) (*LU, error) {
 	lu := &LU{s: s, lun: EncodeLUN(n)}
-	for i := 0; i < 3; i++ {
-		cdb := []byte{opTestUnitReady, 0, 0, 0, 0, 0}
-		r, err := s.Command(ctx, lu.lun, cdb, nil, nil)
-		if err = Check(cdb, r, err); err == nil {
-			break
-		} else if ce := (*CheckError)(nil); !errors.As(err, &ce) || i == 2 {
-			return nil, err
-		}
+	cdb := []byte{opTestUnitReady, 0, 0, 0, 0, 0}
+	if _, err := lu.do(ctx, cdb, nil, nil); err != nil {
+		return nil, err
 	}
 	buf := make([]byte, 32)
-	cdb := make([]byte, 16)
+	cdb = make([]byte, 16)
 	cdb[0], cdb[1] = opServiceIn16, saReadCapacity16
 	be.PutUint32(cdb[10:], uint32(len(buf)))
-	r, err := s.Command(ctx, lu.lun, cdb, nil, buf)
-	if err := Check(cdb, r, err); err != nil {
+	r, err := lu.do(ctx, cdb, nil, buf)
+	if err != nil {
 		return nil, err
 	}
 	if r.DataIn < 12 {
@@ -171,8 +219,8 @@ func (l *LU) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error
 		return 0, err
 	}
 	cdb := rw16(opRead16, lba, n, false)
-	r, err := l.s.Command(ctx, l.lun, cdb, nil, p)
-	if err := Check(cdb, r, err); err != nil {
+	r, err := l.do(ctx, cdb, nil, p)
+	if err != nil {
 		return 0, err
 	}
 	if r.DataIn != len(p) {
@@ -188,8 +236,8 @@ func (l *LU) WriteAtContext(ctx context.Context, p []byte, off int64, fua bool) 
 		return 0, err
 	}
 	cdb := rw16(opWrite16, lba, n, fua)
-	r, err := l.s.Command(ctx, l.lun, cdb, p, nil)
-	if err := Check(cdb, r, err); err != nil {
+	r, err := l.do(ctx, cdb, p, nil)
+	if err != nil {
 		return 0, err
 	}
 	if r.Underflow && r.Residual > 0 {
@@ -212,8 +260,8 @@ func (l *LU) WriteAt(p []byte, off int64) (int, error) {
 func (l *LU) Flush() error {
 	cdb := make([]byte, 16)
 	cdb[0] = opSyncCache16
-	r, err := l.s.Command(context.Background(), l.lun, cdb, nil, nil)
-	return Check(cdb, r, err)
+	_, err := l.do(context.Background(), cdb, nil, nil)
+	return err
 }
 
 // Unmap deallocates [off, off+n) with one UNMAP block descriptor.
@@ -230,8 +278,8 @@ func (l *LU) Unmap(ctx context.Context, off, n int64) error {
 	cdb := make([]byte, 10)
 	cdb[0] = opUnmap
 	be.PutUint16(cdb[7:], uint16(len(param)))
-	r, err := l.s.Command(ctx, l.lun, cdb, param, nil)
-	return Check(cdb, r, err)
+	_, err = l.do(ctx, cdb, param, nil)
+	return err
 }
 
 // WriteSame writes block (one logical block) over [off, off+n) with WRITE
@@ -249,8 +297,8 @@ func (l *LU) WriteSame(ctx context.Context, block []byte, off, n int64, unmap bo
 	if unmap {
 		cdb[1] |= 0x08
 	}
-	r, err := l.s.Command(ctx, l.lun, cdb, block, nil)
-	return Check(cdb, r, err)
+	_, err = l.do(ctx, cdb, block, nil)
+	return err
 }
 
 // Inquiry returns the standard INQUIRY data (evpd false) or VPD page
@@ -261,8 +309,8 @@ func (l *LU) Inquiry(ctx context.Context, evpd bool, page byte) ([]byte, error) 
 	if evpd {
 		cdb[1], cdb[2] = 1, page
 	}
-	r, err := l.s.Command(ctx, l.lun, cdb, nil, buf)
-	if err := Check(cdb, r, err); err != nil {
+	r, err := l.do(ctx, cdb, nil, buf)
+	if err != nil {
 		return nil, err
 	}
 	return buf[:r.DataIn], nil

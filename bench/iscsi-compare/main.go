@@ -134,6 +134,7 @@ func main() {
 
 type config struct {
 	dir, file, bin, logDir string
+	benchBin               string // runs `vmsan bench` (the client)
 	size                   int64
 	rt                     time.Duration
 	tgtParams              map[string]string
@@ -148,7 +149,8 @@ func run() error {
 		repeat    = flag.Int("repeat", 1, "samples per job and server (interleaved); the table shows the median")
 		list      = flag.String("servers", strings.Join(allServers, ","), "comma-separated servers")
 		clients   = flag.String("clients", "qemu-img,iscsi-perf,vmsan-bench", "comma-separated clients")
-		vmsanBin  = flag.String("vmsan", "", "vmsan binary (default: go build ./cmd/vmsan into -dir)")
+		vmsanBin  = flag.String("vmsan", "", "vmsan binary that serves (default: go build ./cmd/vmsan into -dir)")
+		benchBin  = flag.String("vmsan-bench", "", "vmsan binary that runs `vmsan bench` as a client (default: -vmsan when given, else the one built)")
 		asJSON    = flag.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
 		from      = flag.String("from", "", "print the table of a saved -json report and exit")
 		tgtParams = flag.String("tgt-params", "MaxRecvDataSegmentLength=262144,MaxXmitDataSegmentLength=262144,FirstBurstLength=262144,MaxBurstLength=1048576,InitialR2T=No,ImmediateData=Yes",
@@ -236,15 +238,24 @@ func run() error {
 	if err := os.MkdirAll(cfg.logDir, 0o755); err != nil {
 		return err
 	}
-	cfg.bin = *vmsanBin
-	if cfg.bin == "" {
-		cfg.bin = filepath.Join(*dir, "vmsan")
-		logf("building vmsan into %s", cfg.bin)
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", cfg.bin, "./cmd/vmsan")
+	cfg.bin, cfg.benchBin = *vmsanBin, *benchBin
+	if cfg.bin == "" || cfg.benchBin == "" && *vmsanBin == "" {
+		built := filepath.Join(*dir, "vmsan")
+		logf("building vmsan into %s", built)
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", built, "./cmd/vmsan")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go build ./cmd/vmsan: %v\n%s", err, out)
 		}
+		if cfg.bin == "" {
+			cfg.bin = built
+		}
+		if cfg.benchBin == "" {
+			cfg.benchBin = built
+		}
+	}
+	if cfg.benchBin == "" {
+		cfg.benchBin = cfg.bin
 	}
 	help, _ := exec.Command(cfg.bin, "serve", "--help").CombinedOutput()
 	cfg.vmsanISCSI = bytes.Contains(help, []byte("--iscsi-listen"))
@@ -547,7 +558,7 @@ func vmsanBench(ctx context.Context, cfg *config, uri string, j Job) (int64, flo
 		"--runtime", cfg.rt.String(), "--json", "-o", "none", "-q", "--force", "--keep", "--size", strconv.FormatInt(cfg.size, 10), uri}
 	cctx, cancel := context.WithTimeout(ctx, cfg.rt+5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, cfg.bin, args...)
+	cmd := exec.CommandContext(cctx, cfg.benchBin, args...)
 	var so, se bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &so, &se
 	if err := cmd.Run(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -280,4 +281,45 @@ func TestTgtReportLUNs(t *testing.T) {
 	if n, err := s.FirstDisk(context.Background()); err != nil || n != 1 {
 		t.Fatalf("first disk: %d %v", n, err)
 	}
+}
+
+// TestTgtUnmapWriteSame: on a thin-provisioned tgt LU, WRITE SAME(16)
+// fills a range with one block's pattern, and UNMAP deallocates a range
+// of the sparse backing file (it reads back as zeroes).
+func TestTgtUnmapWriteSame(t *testing.T) {
+	srv, file := startTgt(t, 8<<20, tgtd.Options{LUParams: "thin_provisioning=1"})
+	s, lu := dialLU(t, srv, initiator.Config{})
+	ctx := context.Background()
+	if !lu.ThinProvisioned() {
+		t.Fatal("READ CAPACITY(16) does not report LBPME")
+	}
+	block := bytes.Repeat([]byte{0xab}, lu.BlockSize())
+	if err := lu.WriteSame(ctx, block, 1<<20, 1<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1<<20)
+	if _, err := lu.ReadAt(got, 1<<20); err != nil || !bytes.Equal(got, bytes.Repeat([]byte{0xab}, 1<<20)) {
+		t.Fatalf("WRITE SAME range does not hold the pattern (%v)", err)
+	}
+	if err := lu.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	alloc := func() int64 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(file, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	before := alloc()
+	if err := lu.Unmap(ctx, 1<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lu.ReadAt(got, 1<<20); err != nil || !bytes.Equal(got, make([]byte, 1<<20)) {
+		t.Fatalf("unmapped range does not read as zeroes (%v)", err)
+	}
+	if after := alloc(); after > before-(1<<20) {
+		t.Fatalf("backing file allocation %d -> %d after unmapping 1 MiB", before, after)
+	}
+	s.Logout(ctx)
 }

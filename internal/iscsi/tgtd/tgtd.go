@@ -50,6 +50,9 @@ type Options struct {
 	// account).
 	User, Secret             string
 	TargetUser, TargetSecret string
+	// LUParams are logical unit parameters (tgtadm --mode logicalunit
+	// --op update --params), e.g. "thin_provisioning=1" for UNMAP.
+	LUParams string
 	// Params are target parameters set with tgtadm --op update
 	// (MaxRecvDataSegmentLength, FirstBurstLength, ...).
 	Params map[string]string
@@ -212,6 +215,9 @@ func (s *Server) configure(o Options) error {
 	steps := [][]string{{"--mode", "target", "--op", "new", "--tid", "1", "-T", s.IQN}}
 	for i, f := range o.Files {
 		steps = append(steps, []string{"--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", strconv.Itoa(i + 1), "-b", f, "--bstype", bs})
+		if o.LUParams != "" {
+			steps = append(steps, []string{"--mode", "logicalunit", "--op", "update", "--tid", "1", "--lun", strconv.Itoa(i + 1), "--params", o.LUParams})
+		}
 	}
 	for k, v := range o.Params {
 		steps = append(steps, []string{"--mode", "target", "--op", "update", "--tid", "1", "--name", k, "--value", v})

@@ -637,16 +637,19 @@ func (s *Session) dispatch(h pdu.PDU, t *task, data []byte) error {
 			s.mu.Unlock()
 			return fmt.Errorf("SCSI Response for unknown ITT %#x", p.ITT)
 		}
+		// Parse before the task leaves the map: on an error the session
+		// fails and finish completes the task.
+		sense, err := pdu.ParseSenseData(data)
+		if err != nil {
+			s.mu.Unlock()
+			return fmt.Errorf("SCSI Response sense: %w", err)
+		}
 		delete(s.tasks, p.ITT)
 		s.mu.Unlock()
 		t.resp.Status, t.resp.Response = p.Status, p.Response
 		t.resp.Residual = p.ResidualCount
 		t.resp.Underflow, t.resp.Overflow = p.Underflow, p.Overflow
-		if len(data) > 0 {
-			sense, err := pdu.ParseSenseData(data)
-			if err != nil {
-				return fmt.Errorf("SCSI Response sense: %w", err)
-			}
+		if len(sense) > 0 {
 			t.resp.Sense = append([]byte(nil), sense...)
 		}
 		close(t.done)
@@ -679,7 +682,11 @@ func (s *Session) dispatch(h pdu.PDU, t *task, data []byte) error {
 			// The answer to our ping: it carries a status (StatSN advances).
 			s.status(p.StatSN)
 			t = s.tasks[p.ITT]
-			delete(s.tasks, p.ITT)
+			// INVARIANT: a task leaves the map only when it is completed
+			// here; a PDU of the wrong kind for it leaves it for finish.
+			if t != nil && !t.scsi {
+				delete(s.tasks, p.ITT)
+			}
 		}
 		cmdSN, expStat := s.cmdSN, s.expStatSN
 		s.mu.Unlock()
@@ -716,7 +723,9 @@ func (s *Session) dispatch(h pdu.PDU, t *task, data []byte) error {
 		s.updateSNs(sns)
 		s.status(sns.StatSN)
 		t = s.tasks[itt]
-		delete(s.tasks, itt)
+		if t != nil && !t.scsi {
+			delete(s.tasks, itt)
+		}
 		s.mu.Unlock()
 		if t == nil || t.scsi {
 			return fmt.Errorf("%s for unknown ITT %#x", h.Opcode(), itt)

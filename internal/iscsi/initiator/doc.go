@@ -26,7 +26,13 @@
 // fails: ctx bounds only the wait for a window slot (the target may still
 // be moving data into or out of the caller's buffer, so an early return
 // would be a data race). Config.NOPInterval detects a dead target and
-// fails every outstanding command; Close does the same at once.
+// fails every outstanding command; Close does the same at once. When a
+// command returns, the session no longer touches its buffers, also when
+// the session failed under it.
+//
+// LU methods retry BUSY and TASK SET FULL (bounded backoff) and UNIT
+// ATTENTION (a few times), as the Linux sd driver does; Session.Command
+// returns every status as it came.
 //
 // Limits: one connection per session (MaxConnections=1), ErrorRecoveryLevel
 // 0 (any protocol error fails the session), no bidirectional commands, no

@@ -20,6 +20,8 @@ func startTgt(t *testing.T, size int64, o tgtd.Options) *tgtd.Server {
 	t.Helper()
 	testutil.NeedTool(t, "tgtd")
 	testutil.NeedTool(t, "tgtadm")
+	// tgtd takes its management lock under /var/run/tgtd.
+	testutil.NeedRoot(t, "tgtd's management IPC")
 	f := filepath.Join(testutil.DiskTempDir(t), "lun.img")
 	if err := os.WriteFile(f, nil, 0o644); err != nil {
 		t.Fatal(err)

@@ -23,6 +23,8 @@ func startTgt(t *testing.T, size int64, o tgtd.Options) (*tgtd.Server, string) {
 	t.Helper()
 	testutil.NeedTool(t, "tgtd")
 	testutil.NeedTool(t, "tgtadm")
+	// tgtd takes its management lock under /var/run/tgtd.
+	testutil.NeedRoot(t, "tgtd's management IPC")
 	f := filepath.Join(t.TempDir(), "disk.img")
 	if err := os.WriteFile(f, nil, 0o644); err != nil {
 		t.Fatal(err)

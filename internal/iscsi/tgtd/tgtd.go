@@ -9,6 +9,7 @@
 //	defer srv.Stop()
 //	// iscsi://srv.Addr/srv.IQN/1 ; srv.LUNStats() reads tgt's counters
 //
+// tgtd needs root (its management lock file lives under /var/run/tgtd).
 // Every Server gets its own iSCSI port and its own management control port
 // (tgtd -C), so parallel tests and programs do not meet. tgtd runs in the
 // foreground in its own process group and dies with its parent (PDEATHSIG).

@@ -26,6 +26,7 @@
 // both negotiate the same burst and segment sizes. Jobs run job-major (for
 // each job, each server in turn, a fresh server each time). Until vmsan
 // serves iSCSI (`vmsan serve --iscsi-listen`), its columns read "n/a".
+// Needs root: tgtd keeps its management lock under /var/run.
 package main
 
 import (

@@ -97,7 +97,7 @@ See docs/bench.md.`,
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "no progress output")
 	f.Uint64Var(&cfg.Options.Seed, "seed", 0, "random seed (default: time based)")
 	// NBD
-	f.IntVar(&cfg.Open.Connections, "connections", 0, "NBD connections (default 4 when the server allows multi-conn, else 1)")
+	f.IntVar(&cfg.Open.Connections, "connections", 0, "NBD connections (default 4 when the server allows multi-conn, else 1); iSCSI sessions (default 1)")
 	f.StringVar(&cfg.Open.TLSCA, "tls-ca", "", "CA certificate (PEM) for nbds://")
 	f.StringVar(&cfg.Open.TLSCert, "tls-cert", "", "client certificate (PEM) for nbds://")
 	f.StringVar(&cfg.Open.TLSKey, "tls-key", "", "client key (PEM) for nbds://")

@@ -3,8 +3,10 @@ package bench
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/iscsi/initiator"
@@ -32,17 +34,33 @@ type ISCSIInfo struct {
 	// largest Data-Out/immediate data PDU it accepts.
 	TargetMaxRecvDataSegmentLength uint64 `json:"target_max_recv_data_segment_length"`
 	BlockSize                      int    `json:"block_size"`
+	// Sessions is the number of sessions (one connection each) used.
+	Sessions int `json:"sessions"`
 }
 
 // iscsiTarget benchmarks one LUN through the in-repo initiator: one
-// session, one connection; the runner's QD goroutines each block in
-// ReadAt/WriteAt while the session pipelines their commands within the
-// target's CmdSN window.
+// session (one connection) by default, like open-iscsi, or
+// TargetOptions.Connections sessions used in turn; the runner's QD
+// goroutines each block in ReadAt/WriteAt while each session pipelines
+// their commands within the target's CmdSN window. SYNCHRONIZE CACHE on
+// one session flushes the logical unit's cache, which every session
+// shares (SBC-3), so Flush uses the first.
 type iscsiTarget struct {
-	s     *initiator.Session
-	lu    *initiator.LU
+	ss    []*initiator.Session
+	lus   []*initiator.LU
+	next  atomic.Uint32
 	maxIO int
 	info  TargetInfo
+}
+
+// maxISCSISessions bounds --connections for iscsi://.
+const maxISCSISessions = 16
+
+func (t *iscsiTarget) pick() *initiator.LU {
+	if len(t.lus) == 1 {
+		return t.lus[0]
+	}
+	return t.lus[int(t.next.Add(1))%len(t.lus)]
 }
 
 func openISCSI(ctx context.Context, _ *url.URL, raw string, o TargetOptions) (Target, error) {
@@ -50,16 +68,26 @@ func openISCSI(ctx context.Context, _ *url.URL, raw string, o TargetOptions) (Ta
 	if err != nil {
 		return nil, err
 	}
-	s, err := initiator.Dial(ctx, u.Addr, u.Config)
-	if err != nil {
-		return nil, err
+	n := max(o.Connections, 1)
+	if n > maxISCSISessions {
+		return nil, fmt.Errorf("bench: --connections %d: at most %d iSCSI sessions", n, maxISCSISessions)
 	}
-	lu, err := s.LU(ctx, u.LUN)
-	if err != nil {
-		s.Close()
-		return nil, err
+	t := &iscsiTarget{}
+	for i := 0; i < n; i++ {
+		s, err := initiator.Dial(ctx, u.Addr, u.Config)
+		if err != nil {
+			t.closeAll()
+			return nil, err
+		}
+		t.ss = append(t.ss, s)
+		lu, err := s.LU(ctx, u.LUN)
+		if err != nil {
+			t.closeAll()
+			return nil, err
+		}
+		t.lus = append(t.lus, lu)
 	}
-	t := &iscsiTarget{s: s, lu: lu}
+	s, lu := t.ss[0], t.lus[0]
 	// Block Limits VPD (B0h): MAXIMUM TRANSFER LENGTH in blocks, 0 = no
 	// limit. Targets without the page simply have no stated limit.
 	if b0, err := lu.Inquiry(ctx, true, 0xb0); err == nil && len(b0) >= 12 {
@@ -75,7 +103,7 @@ func openISCSI(ctx context.Context, _ *url.URL, raw string, o TargetOptions) (Ta
 			HeaderDigest: p.HeaderDigest, DataDigest: p.DataDigest, ImmediateData: p.ImmediateData, InitialR2T: p.InitialR2T,
 			FirstBurstLength: p.FirstBurstLength, MaxBurstLength: p.MaxBurstLength,
 			MaxRecvDataSegmentLength: p.MaxRecvDataSegmentLength, TargetMaxRecvDataSegmentLength: p.PeerMaxRecvDataSegmentLength,
-			BlockSize: lu.BlockSize(),
+			BlockSize: lu.BlockSize(), Sessions: n,
 		},
 	}
 	return t, nil
@@ -94,18 +122,30 @@ func redactISCSI(raw string, u *initiator.URI) string {
 	return s
 }
 
-func (t *iscsiTarget) ReadAt(p []byte, off int64) (int, error)  { return t.lu.ReadAt(p, off) }
-func (t *iscsiTarget) WriteAt(p []byte, off int64) (int, error) { return t.lu.WriteAt(p, off) }
-func (t *iscsiTarget) Flush() error                             { return t.lu.Flush() }
-func (t *iscsiTarget) Size() int64                              { return t.lu.Size() }
-func (t *iscsiTarget) Align() int                               { return t.lu.BlockSize() }
+func (t *iscsiTarget) ReadAt(p []byte, off int64) (int, error)  { return t.pick().ReadAt(p, off) }
+func (t *iscsiTarget) WriteAt(p []byte, off int64) (int, error) { return t.pick().WriteAt(p, off) }
+func (t *iscsiTarget) Flush() error                             { return t.lus[0].Flush() }
+func (t *iscsiTarget) Size() int64                              { return t.lus[0].Size() }
+func (t *iscsiTarget) Align() int                               { return t.lus[0].BlockSize() }
 func (t *iscsiTarget) MaxIO() int                               { return t.maxIO }
 func (t *iscsiTarget) Info() TargetInfo                         { return t.info }
 
-// Close logs out (a clean end for the target's session accounting) and
-// closes the connection.
+// Close logs every session out (a clean end for the target's session
+// accounting) and closes the connections.
 func (t *iscsiTarget) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return t.s.Logout(ctx)
+	var first error
+	for _, s := range t.ss {
+		if err := s.Logout(ctx); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (t *iscsiTarget) closeAll() {
+	for _, s := range t.ss {
+		s.Close()
+	}
 }

@@ -153,3 +153,45 @@ func TestParseISCSIURI(t *testing.T) {
 		}
 	}
 }
+
+// TestISCSISessions spreads a job over three sessions (--connections 3):
+// tgt must see three sessions move data, and its counters must still sum
+// to what the benchmark reports.
+func TestISCSISessions(t *testing.T) {
+	srv := startTgt(t, 16<<20, tgtd.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	tg, err := OpenTarget(ctx, fmt.Sprintf("iscsi://%s/%s/1", srv.Addr, srv.IQN), TargetOptions{Connections: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tg.Close()
+	if n := tg.Info().ISCSI.Sessions; n != 3 {
+		t.Fatalf("%d sessions", n)
+	}
+	r0, w0 := tgtCounters(t, srv)
+	res, err := RunProfile(ctx, tg, quickOpts(ProfileJob), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, w1 := tgtCounters(t, srv)
+	if uint64(res.Totals.BytesRead) != r1-r0 || uint64(res.Totals.BytesWritten) != w1-w0 {
+		t.Fatalf("bench read %d wrote %d, tgt read %d wrote %d", res.Totals.BytesRead, res.Totals.BytesWritten, r1-r0, w1-w0)
+	}
+	st, err := srv.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy := map[int]bool{}
+	for _, x := range st {
+		if x.LUN == 1 && x.ReadCmds+x.WriteCmds > 10 {
+			busy[x.Session] = true
+		}
+	}
+	if len(busy) != 3 {
+		t.Fatalf("sessions that moved data: %v (stats %+v)", busy, st)
+	}
+	if _, err := OpenTarget(ctx, fmt.Sprintf("iscsi://%s/%s/1", srv.Addr, srv.IQN), TargetOptions{Connections: 17}); err == nil {
+		t.Fatal("17 sessions accepted")
+	}
+}

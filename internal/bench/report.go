@@ -34,6 +34,9 @@ func PrintTable(w io.Writer, res *Result) {
 	}
 	if n := res.Target.ISCSI; n != nil {
 		fmt.Fprintf(w, ", iSCSI LUN %d", n.LUN)
+		if n.Sessions > 1 {
+			fmt.Fprintf(w, ", %d sessions", n.Sessions)
+		}
 		if n.HeaderDigest || n.DataDigest {
 			fmt.Fprint(w, ", CRC32C digests")
 		}

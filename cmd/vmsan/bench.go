@@ -25,10 +25,12 @@ func init() {
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [flags] TARGET",
-		Short: "Benchmark a file, block device or NBD export (bonnie++, CrystalDiskMark, GNOME Disks, fio-like job)",
+		Short: "Benchmark a file, block device, NBD export or iSCSI LUN (bonnie++, CrystalDiskMark, GNOME Disks, fio-like job)",
 		Long: `Benchmark TARGET, which is a file, a directory (a scratch file is created
-inside), a block device, or nbd://host[:port]/export, nbds://..., 
-nbd+unix:///export?socket=PATH.
+inside), a block device, nbd://host[:port]/export, nbds://...,
+nbd+unix:///export?socket=PATH, or an iSCSI LUN:
+iscsi://[user%secret@]host[:port]/IQN/LUN (mutual CHAP with
+?target_user=U&target_password=P, digests with ?header_digest=crc32c).
 
 Profiles: cdm (CrystalDiskMark 8), cdm-legacy (CrystalDiskMark 3), bonnie
 (bonnie++ 1.97), gnome-disks (GNOME Disks), job (one fio-like job).
@@ -95,7 +97,7 @@ See docs/bench.md.`,
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "no progress output")
 	f.Uint64Var(&cfg.Options.Seed, "seed", 0, "random seed (default: time based)")
 	// NBD
-	f.IntVar(&cfg.Open.Connections, "connections", 0, "NBD connections (default 4 when the server allows multi-conn, else 1)")
+	f.IntVar(&cfg.Open.Connections, "connections", 0, "NBD connections (default 4 when the server allows multi-conn, else 1); iSCSI sessions (default 1)")
 	f.StringVar(&cfg.Open.TLSCA, "tls-ca", "", "CA certificate (PEM) for nbds://")
 	f.StringVar(&cfg.Open.TLSCert, "tls-cert", "", "client certificate (PEM) for nbds://")
 	f.StringVar(&cfg.Open.TLSKey, "tls-key", "", "client key (PEM) for nbds://")

@@ -9,8 +9,10 @@
 //	bench.PrintTable(os.Stdout, res)
 //	res.Save("cdm.json")
 //
-// A Target is a file, a block device or an NBD export (nbd://, nbds://,
-// nbd+unix://); other kinds plug in with RegisterScheme. Queue depth is
+// A Target is a file, a block device, an NBD export (nbd://, nbds://,
+// nbd+unix://) or an iSCSI LUN (iscsi://[user%secret@]host[:port]/IQN/LUN,
+// through package iscsi/initiator); other kinds plug in with
+// RegisterScheme. Queue depth is
 // produced by calling a Target from as many goroutines as requests should
 // be in flight, so every Target is safe for concurrent use.
 //

@@ -32,6 +32,18 @@ func PrintTable(w io.Writer, res *Result) {
 			fmt.Fprint(w, ", TLS")
 		}
 	}
+	if n := res.Target.ISCSI; n != nil {
+		fmt.Fprintf(w, ", iSCSI LUN %d", n.LUN)
+		if n.Sessions > 1 {
+			fmt.Fprintf(w, ", %d sessions", n.Sessions)
+		}
+		if n.HeaderDigest || n.DataDigest {
+			fmt.Fprint(w, ", CRC32C digests")
+		}
+		if n.CHAP {
+			fmt.Fprint(w, ", CHAP")
+		}
+	}
 	fmt.Fprintf(w, ", %s)\n", volume.HumanSize(res.Target.Size))
 	switch res.Profile {
 	case ProfileCDM:

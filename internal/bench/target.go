@@ -12,7 +12,7 @@ import (
 )
 
 // Target is something a benchmark reads and writes: a file, a block device,
-// an NBD export, later an iSCSI LUN.
+// an NBD export, an iSCSI LUN.
 //
 // Queue depth: the runner keeps QD requests in flight by calling ReadAt and
 // WriteAt from QD goroutines at once. Every Target must be safe for that and
@@ -54,6 +54,7 @@ type TargetInfo struct {
 	// target: rotational, scheduler, read_ahead_kb, max_sectors_kb, ...
 	Queue map[string]string `json:"block_queue,omitempty"`
 	NBD   *NBDInfo          `json:"nbd,omitempty"`
+	ISCSI *ISCSIInfo        `json:"iscsi,omitempty"`
 }
 
 // NBDInfo is what was negotiated with an NBD server.
@@ -106,15 +107,21 @@ var ErrNeedForce = errors.New("bench: target holds data; refusing to write witho
 // or a URI with a registered scheme.
 func OpenTarget(ctx context.Context, spec string, o TargetOptions) (Target, error) {
 	if i := strings.Index(spec, "://"); i > 0 {
-		u, err := url.Parse(spec)
-		if err != nil {
-			return nil, fmt.Errorf("bench: bad target URI: %w", err)
-		}
+		scheme := strings.ToLower(spec[:i])
 		schemesMu.RLock()
-		op := schemes[u.Scheme]
+		op := schemes[scheme]
 		schemesMu.RUnlock()
 		if op == nil {
-			return nil, fmt.Errorf("bench: unsupported target scheme %q (have: file paths, nbd://, nbds://, nbd+unix://, nbds+unix://)", u.Scheme)
+			return nil, fmt.Errorf("bench: unsupported target scheme %q (have: file paths, nbd://, nbds://, nbd+unix://, nbds+unix://, iscsi://)", scheme)
+		}
+		u, err := url.Parse(spec)
+		if err != nil {
+			if scheme != "iscsi" {
+				return nil, fmt.Errorf("bench: bad target URI: %w", err)
+			}
+			// libiscsi's iscsi://user%secret@host/... is not RFC 3986
+			// (a bare '%'); the iscsi opener parses the raw string.
+			u = &url.URL{Scheme: scheme}
 		}
 		return op(ctx, u, spec, o)
 	}

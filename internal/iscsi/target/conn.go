@@ -35,6 +35,7 @@ type conn struct {
 	s    *Server
 	nc   net.Conn
 	tpgt uint16
+	rel  uint16 // relative target port identifier
 	rd   pdu.Reader
 	bw   *bufio.Writer
 
@@ -62,8 +63,8 @@ type conn struct {
 // reads stalls its own reader, not the server's memory.
 const queueLimit = 256
 
-func newConn(s *Server, nc net.Conn, tpgt uint16) *conn {
-	c := &conn{s: s, nc: nc, tpgt: tpgt, bw: bufio.NewWriterSize(nc, 256<<10), wdone: make(chan struct{})}
+func newConn(s *Server, nc net.Conn, tpgt, rel uint16) *conn {
+	c := &conn{s: s, nc: nc, tpgt: tpgt, rel: rel, bw: bufio.NewWriterSize(nc, 256<<10), wdone: make(chan struct{})}
 	c.rd = pdu.Reader{R: bufio.NewReaderSize(nc, 64<<10), MaxData: pdu.DefaultMaxRecvDataSegmentLength}
 	c.qcond.L = &c.qmu
 	c.space.L = &c.qmu

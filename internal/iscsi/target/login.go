@@ -359,7 +359,7 @@ func (ls *loginState) newSession(req *pdu.LoginRequest) *session {
 	ss := newSession(c, ls.first.ISID, ls.discovery, ls.target, p, req.CmdSN)
 	ss.cid = ls.first.CID
 	ss.nexus = &scsi.Nexus{InitiatorName: ls.initiator, InitiatorPort: initiatorPort(ls.initiator, ls.first.ISID),
-		TargetName: ls.target.Name, RelativePort: c.tpgt, PortGroup: c.tpgt}
+		TargetName: ls.target.Name, RelativePort: c.rel, PortGroup: c.tpgt}
 	if ls.discovery {
 		ss.nexus.TargetName = ""
 	}

@@ -226,6 +226,9 @@ func (s *Server) Serve(ln net.Listener, tpgt uint16) error {
 	}
 	s.lns[ln] = tpgt
 	s.lnOrder = append(s.lnOrder, ln)
+	// The relative target port identifier (SPC-4 VPD 83 type 4) is the
+	// portal's position in Serve order, from 1.
+	relPort := uint16(len(s.lnOrder))
 	s.mu.Unlock()
 	var delay time.Duration
 	for {
@@ -247,7 +250,7 @@ func (s *Server) Serve(ln net.Listener, tpgt uint16) error {
 		}
 		delay = 0
 		s.accepted.Add(1)
-		c := newConn(s, nc, tpgt)
+		c := newConn(s, nc, tpgt, relPort)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -459,6 +462,25 @@ func (s *Server) sessionsOf(target string) []*session {
 		}
 	}
 	return out
+}
+
+// AbortNexus aborts the tasks of the session behind n on lun without
+// waiting for them (their responses are dropped): what SCSI's PREEMPT AND
+// ABORT asks of the transport (scsi.Config.Abort). Safe to call from
+// inside LogicalUnits.Execute.
+func (s *Server) AbortNexus(n *scsi.Nexus, lun uint64) {
+	s.mu.Lock()
+	var target *session
+	for _, ss := range s.byTSIH {
+		if ss.nexus == n {
+			target = ss
+			break
+		}
+	}
+	s.mu.Unlock()
+	if target != nil {
+		target.abortTasks(func(t *task) bool { return t.lun == lun })
+	}
 }
 
 // findTSIH returns the session with a TSIH (a login for an existing session).

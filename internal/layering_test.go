@@ -26,7 +26,9 @@ var frontEndFamilies = []string{"internal/nbd/", "internal/iscsi/"}
 // runtimePkgs are the volume runtime and the seam/leaf packages it is made
 // of: below every front end, so they import none of them, nor daemon, nor
 // a plugin (replication hooks in through volrt.Wrap, not an import).
-var runtimePkgs = []string{"internal/volrt", "internal/export", "internal/alignbuf"}
+// internal/scsi (the SCSI logical unit emulation) sits with them: the iSCSI
+// target (and any later SCSI transport) imports it, it imports no front end.
+var runtimePkgs = []string{"internal/volrt", "internal/export", "internal/alignbuf", "internal/scsi"}
 
 // configAllowed are the only project packages config may import directly:
 // value parsers and constants (volume.ParseSize, backend.ParseCacheMode,

@@ -34,6 +34,9 @@ type Info struct {
 	CanMultiConn bool
 	// Block sizes (NBD_INFO_BLOCK_SIZE): minimum, preferred, maximum payload.
 	MinBlock, PrefBlock, MaxBlock uint32
+	// Cache is the volume's cache mode: SCSI advertises a volatile write
+	// cache (WCE) for every mode but writethrough. Empty means writeback.
+	Cache backend.CacheMode
 }
 
 // Device is an exported volume.

@@ -130,6 +130,7 @@ func (v *Volume) Info() export.Info {
 		MinBlock:     min,
 		PrefBlock:    max(m.PhysicalBlockSize, min),
 		MaxBlock:     v.maxPayload,
+		Cache:        m.Cache,
 	}
 }
 

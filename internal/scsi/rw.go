@@ -1,0 +1,570 @@
+package scsi
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/volrt"
+)
+
+// Data-path stages (cmd.stage): what engineDone does next.
+const (
+	stNone uint8 = iota
+	stRead
+	stWrite
+	stFlush
+	stWSChunk
+	stUnmap
+	stCAWRead
+	stCAWWrite
+	stVerify
+)
+
+// rwParams decodes the LBA and transfer length of a READ/WRITE/VERIFY
+// family CDB, with the byte offset of the length field (field pointers).
+func rwParams(cdb []byte) (lba, nblk uint64, lenField int) {
+	switch len6, op := cdb[0]>>5, cdb[0]; {
+	case len6 == 0: // 6-byte
+		lba = uint64(cdb[1]&0x1F)<<16 | uint64(cdb[2])<<8 | uint64(cdb[3])
+		nblk = uint64(cdb[4])
+		if nblk == 0 && (op == opRead6 || op == opWrite6) {
+			nblk = 256 // SBC-3: 0 means 256 blocks for READ(6)/WRITE(6)
+		}
+		return lba, nblk, 4
+	case len6 == 1 || len6 == 2: // 10-byte
+		return uint64(binary.BigEndian.Uint32(cdb[2:6])), uint64(binary.BigEndian.Uint16(cdb[7:9])), 7
+	case len6 == 5: // 12-byte
+		return uint64(binary.BigEndian.Uint32(cdb[2:6])), uint64(binary.BigEndian.Uint32(cdb[6:10])), 6
+	}
+	return binary.BigEndian.Uint64(cdb[2:10]), uint64(binary.BigEndian.Uint32(cdb[10:14])), 10
+}
+
+// checkRange fails c with LOGICAL BLOCK ADDRESS OUT OF RANGE unless
+// [lba, lba+nblk) lies on the medium (nblk 0 at the capacity is allowed).
+func (c *cmd) checkRange(lba, nblk uint64) bool {
+	cap := c.lu.blocks()
+	if lba > cap || nblk > cap-lba {
+		c.fail(senseLBAOutOfRange)
+		return false
+	}
+	return true
+}
+
+// checkWritable fails c with DATA PROTECT on a read-only or software
+// write-protected logical unit.
+func (c *cmd) checkWritable() bool {
+	if c.lu.readOnly {
+		c.fail(senseWriteProtected)
+		return false
+	}
+	if c.lu.swp.Load() {
+		c.fail(senseSoftwareWP)
+		return false
+	}
+	return true
+}
+
+func (c *cmd) maxXferBlocks() uint64 {
+	return uint64(c.lu.maxTransfer()) >> c.lu.bsShift
+}
+
+// maxTransfer is the largest READ/WRITE in bytes (Block Limits VPD).
+func (l *lu) maxTransfer() uint32 { return l.maxXfer }
+
+// submit sends c.req to the device. inline: the engine may run it on the
+// submitting goroutine (only for the first request of a command, from
+// Execute; a request chained from a completion is queued, so chains do
+// not recurse).
+func (c *cmd) submit(op ioengine.Op, off, length int64, data []byte, inline bool) {
+	c.req = ioengine.Request{Op: op, Offset: off, Length: length, Data: data, FUA: c.fua, Inline: inline, Done: c.onDone}
+	c.lu.dev.Submit(&c.req)
+}
+
+func (c *cmd) read() {
+	cdb := c.task.CDB
+	lba, nblk, lf := rwParams(cdb)
+	if !c.checkRange(lba, nblk) {
+		return
+	}
+	if nblk > c.maxXferBlocks() {
+		c.fail(invalidCDB(lf, -1))
+		return
+	}
+	c.xfer = nblk << c.lu.bsShift
+	// Read only what can be sent: the initiator's buffer may be smaller
+	// than the CDB says (overflow residual).
+	n := min(c.xfer, uint64(c.task.ExpectedIn)+uint64(c.lu.bs)-1) &^ uint64(c.lu.bs-1)
+	if n == 0 {
+		c.finishStatus(StatusGood)
+		return
+	}
+	c.bufp = volrt.GetBuf(int(n))
+	c.stage = stRead
+	c.submit(ioengine.OpRead, int64(lba<<c.lu.bsShift), int64(n), *c.bufp, true)
+}
+
+func (c *cmd) write() {
+	cdb := c.task.CDB
+	lba, nblk, lf := rwParams(cdb)
+	c.xfer = nblk << c.lu.bsShift
+	if !c.checkWritable() || !c.checkRange(lba, nblk) {
+		return
+	}
+	if nblk > c.maxXferBlocks() {
+		c.fail(invalidCDB(lf, -1))
+		return
+	}
+	// Write only whole blocks the initiator sent (an EDTL smaller than
+	// the CDB's length writes a prefix, with an overflow residual).
+	n := min(c.xfer, uint64(len(c.task.DataOut))) &^ uint64(c.lu.bs-1)
+	if n == 0 {
+		c.finishStatus(StatusGood)
+		return
+	}
+	c.fua = cdb[0]>>5 != 0 && cdb[1]&0x08 != 0
+	c.stage = stWrite
+	c.lockShared()
+	c.submit(ioengine.OpWrite, int64(lba<<c.lu.bsShift), int64(n), c.task.DataOut[:n], true)
+}
+
+// lockShared holds the write gate for a write in flight (see lu.writeGate).
+func (c *cmd) lockShared() {
+	c.lu.writeGate.RLock()
+	c.gate = true
+}
+
+func (c *cmd) unlockGate() {
+	if c.gate {
+		c.gate = false
+		c.lu.writeGate.RUnlock()
+	}
+	if c.gateX {
+		c.gateX = false
+		c.lu.writeGate.Unlock()
+	}
+}
+
+func (c *cmd) verify() {
+	cdb := c.task.CDB
+	lba, nblk, lf := rwParams(cdb)
+	bytchk := cdb[1] >> 1 & 3
+	if bytchk == 2 {
+		c.fail(invalidCDB(1, 2))
+		return
+	}
+	switch bytchk {
+	case 1:
+		c.xfer = nblk << c.lu.bsShift
+	case 3:
+		c.xfer = uint64(c.lu.bs)
+	}
+	if !c.checkRange(lba, nblk) {
+		return
+	}
+	if bytchk == 0 || nblk == 0 {
+		// Medium verification of a software device: the range is valid
+		// and every block is readable (the engine reports errors on
+		// access, there is no medium scan to do).
+		c.finishStatus(StatusGood)
+		return
+	}
+	if nblk > c.maxXferBlocks() {
+		c.fail(invalidCDB(lf, -1))
+		return
+	}
+	if uint64(len(c.task.DataOut)) < c.xfer {
+		c.fail(senseParamLenError)
+		return
+	}
+	c.nblk = nblk
+	c.bufp = volrt.GetBuf(int(nblk << c.lu.bsShift))
+	c.stage = stVerify
+	c.submit(ioengine.OpRead, int64(lba<<c.lu.bsShift), int64(len(*c.bufp)), *c.bufp, true)
+}
+
+func (c *cmd) syncCache() {
+	cdb := c.task.CDB
+	var lba, nblk uint64
+	if cdb[0] == opSyncCache10 {
+		lba, nblk = uint64(binary.BigEndian.Uint32(cdb[2:6])), uint64(binary.BigEndian.Uint16(cdb[7:9]))
+	} else {
+		lba, nblk = binary.BigEndian.Uint64(cdb[2:10]), uint64(binary.BigEndian.Uint32(cdb[10:14]))
+	}
+	if !c.checkRange(lba, nblk) {
+		return
+	}
+	// The engine flushes the whole volume: a superset of the range.
+	c.stage = stFlush
+	c.submit(ioengine.OpFlush, 0, 0, nil, true)
+}
+
+func (c *cmd) writeSame() {
+	cdb := c.task.CDB
+	var lba, nblk uint64
+	lf := 7
+	ndob := false
+	if cdb[0] == opWriteSame10 {
+		lba, nblk = uint64(binary.BigEndian.Uint32(cdb[2:6])), uint64(binary.BigEndian.Uint16(cdb[7:9]))
+	} else {
+		lba, nblk, lf = binary.BigEndian.Uint64(cdb[2:10]), uint64(binary.BigEndian.Uint32(cdb[10:14])), 10
+		ndob = cdb[1]&0x01 != 0
+	}
+	anchor, unmap := cdb[1]&0x10 != 0, cdb[1]&0x08 != 0
+	if !ndob {
+		c.xfer = uint64(c.lu.bs)
+	}
+	if !c.checkWritable() {
+		return
+	}
+	if anchor && !unmap {
+		c.fail(invalidCDB(1, 4))
+		return
+	}
+	if nblk == 0 { // WSNZ=1 in the Block Limits page
+		c.fail(invalidCDB(lf, -1))
+		return
+	}
+	if !c.checkRange(lba, nblk) {
+		return
+	}
+	if nblk<<c.lu.bsShift > maxWriteSameBytes {
+		c.fail(invalidCDB(lf, -1))
+		return
+	}
+	var pattern []byte
+	if !ndob {
+		if len(c.task.DataOut) < int(c.lu.bs) {
+			c.fail(senseParamLenError)
+			return
+		}
+		pattern = c.task.DataOut[:c.lu.bs]
+	}
+	off, end := int64(lba<<c.lu.bsShift), int64((lba+nblk)<<c.lu.bsShift)
+	c.lockShared()
+	c.stage = stWrite
+	switch {
+	case pattern == nil || volrt.IsZero(pattern):
+		if unmap && !anchor {
+			// LBPRZ=1: a deallocated block reads as zeroes.
+			c.submit(ioengine.OpTrim, off, end-off, nil, true)
+			return
+		}
+		// Stays mapped (anchored, or UNMAP=0).
+		c.req = ioengine.Request{Op: ioengine.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
+		c.lu.dev.Submit(&c.req)
+		return
+	}
+	// A non-zero pattern is written, chunk by chunk (bounded memory).
+	n := min(end-off, wsChunk)
+	c.bufp = volrt.GetBuf(int(n))
+	buf := *c.bufp
+	for i := 0; i < len(buf); i += len(pattern) {
+		copy(buf[i:], pattern)
+	}
+	c.off, c.end = off, end
+	c.stage = stWSChunk
+	c.wsNext(true)
+}
+
+// wsNext writes the next chunk of a pattern WRITE SAME.
+func (c *cmd) wsNext(inline bool) {
+	n := min(c.end-c.off, int64(len(*c.bufp)))
+	off := c.off
+	c.off += n
+	c.submit(ioengine.OpWrite, off, n, (*c.bufp)[:n], inline)
+}
+
+// unmapDesc is one validated UNMAP block descriptor.
+type unmapDesc struct{ lba, n uint64 }
+
+func (c *cmd) unmap() {
+	cdb := c.task.CDB
+	plen := int(binary.BigEndian.Uint16(cdb[7:9]))
+	c.xfer = uint64(plen)
+	if !c.checkWritable() {
+		return
+	}
+	if plen == 0 {
+		c.finishStatus(StatusGood)
+		return
+	}
+	data := c.task.DataOut[:min(plen, len(c.task.DataOut))]
+	if plen < 8 || len(data) < 8 {
+		c.fail(senseParamLenError)
+		return
+	}
+	bddl := int(binary.BigEndian.Uint16(data[2:4]))
+	nd := min(bddl, len(data)-8) / 16
+	if nd > maxUnmapDescriptors {
+		c.fail(invalidParam(2, -1))
+		return
+	}
+	maxN := uint64(maxWriteSameBytes) >> c.lu.bsShift
+	for i := 0; i < nd; i++ {
+		d := data[8+16*i:]
+		lba, n := binary.BigEndian.Uint64(d[0:8]), uint64(binary.BigEndian.Uint32(d[8:12]))
+		if n > maxN {
+			c.fail(invalidParam(8+16*i+8, -1))
+			return
+		}
+		if !c.checkRange(lba, n) {
+			return
+		}
+	}
+	if nd == 0 {
+		c.finishStatus(StatusGood)
+		return
+	}
+	c.fua = cdb[1]&0x01 != 0 // ANCHOR: keep mapped (zeroes), see below
+	c.idx = 0
+	c.end = int64(nd)
+	c.stage = stUnmap
+	c.lockShared()
+	c.unmapNext(true)
+}
+
+// unmapNext submits descriptor c.idx (skipping empty ones) or finishes.
+func (c *cmd) unmapNext(inline bool) {
+	data := c.task.DataOut
+	for ; int64(c.idx) < c.end; c.idx++ {
+		d := data[8+16*c.idx:]
+		lba, n := binary.BigEndian.Uint64(d[0:8]), uint64(binary.BigEndian.Uint32(d[8:12]))
+		if n == 0 {
+			continue
+		}
+		c.idx++
+		op := ioengine.OpTrim
+		anchor := c.fua
+		if anchor {
+			op = ioengine.OpWriteZeroes
+		}
+		c.req = ioengine.Request{Op: op, Offset: int64(lba << c.lu.bsShift), Length: int64(n << c.lu.bsShift), NoHole: anchor, Inline: inline, Done: c.onDone}
+		c.lu.dev.Submit(&c.req)
+		return
+	}
+	c.unlockGate()
+	c.finishStatus(StatusGood)
+}
+
+func (c *cmd) compareAndWrite() {
+	cdb := c.task.CDB
+	lba, nblk := binary.BigEndian.Uint64(cdb[2:10]), uint64(cdb[13])
+	c.xfer = 2 * nblk << c.lu.bsShift
+	if !c.checkWritable() || !c.checkRange(lba, nblk) {
+		return
+	}
+	if nblk == 0 {
+		c.finishStatus(StatusGood)
+		return
+	}
+	if nblk > maxCompareAndWrite {
+		c.fail(invalidCDB(13, -1))
+		return
+	}
+	if uint64(len(c.task.DataOut)) < c.xfer {
+		c.fail(senseParamLenError)
+		return
+	}
+	c.lba, c.nblk = lba, nblk
+	c.fua = cdb[1]&0x08 != 0
+	// INVARIANT: between the read below and the write's completion no
+	// other write of this logical unit is in flight (every write holds the
+	// gate shared from submit to completion).
+	c.lu.writeGate.Lock()
+	c.gateX = true
+	n := nblk << c.lu.bsShift
+	c.bufp = volrt.GetBuf(int(n))
+	c.stage = stCAWRead
+	c.req = ioengine.Request{Op: ioengine.OpRead, Offset: int64(lba << c.lu.bsShift), Length: int64(n), Data: *c.bufp, Inline: true, Done: c.onDone}
+	c.lu.dev.Submit(&c.req)
+}
+
+// miscompareAt is MISCOMPARE DURING VERIFY OPERATION with the offset of
+// the first differing byte in INFORMATION.
+func miscompareAt(a, b []byte) (senseInfo, bool) {
+	if bytes.Equal(a, b) {
+		return senseInfo{}, false
+	}
+	i := 0
+	for i < len(a) && a[i] == b[i] {
+		i++
+	}
+	s := senseMiscompare
+	s.info, s.hasInfo = uint64(i), true
+	return s, true
+}
+
+// engineDone is every engine request's Done: it continues or completes
+// the command according to c.stage.
+func (c *cmd) engineDone(r *ioengine.Request) {
+	if r.Err != nil {
+		write := c.stage != stRead && c.stage != stVerify && c.stage != stCAWRead
+		c.unlockGate()
+		c.res.DataIn = nil
+		c.fail(errSense(r.Err, write))
+		return
+	}
+	switch c.stage {
+	case stRead:
+		c.res.DataIn = r.Data
+	case stWSChunk:
+		if c.off < c.end {
+			c.wsNext(false)
+			return
+		}
+		c.unlockGate()
+	case stUnmap:
+		c.unmapNext(false)
+		return
+	case stVerify:
+		data := c.task.DataOut
+		bs := int(c.lu.bs)
+		if c.task.CDB[1]>>1&3 == 3 {
+			for i := 0; i < len(r.Data); i += bs {
+				if s, bad := miscompareAt(data[:bs], r.Data[i:i+bs]); bad {
+					s.info += uint64(i)
+					c.fail(s)
+					return
+				}
+			}
+		} else if s, bad := miscompareAt(data[:len(r.Data)], r.Data); bad {
+			c.fail(s)
+			return
+		}
+	case stCAWRead:
+		n := int(c.nblk << c.lu.bsShift)
+		if s, bad := miscompareAt(c.task.DataOut[:n], r.Data); bad {
+			c.unlockGate()
+			c.fail(s)
+			return
+		}
+		c.stage = stCAWWrite
+		c.submit(ioengine.OpWrite, int64(c.lba<<c.lu.bsShift), int64(n), c.task.DataOut[n:2*n], false)
+		return
+	default: // stWrite, stFlush, stCAWWrite
+		c.unlockGate()
+	}
+	c.finishStatus(StatusGood)
+}
+
+func (c *cmd) readCapacity10() {
+	cdb := c.task.CDB
+	if cdb[8]&1 == 0 && binary.BigEndian.Uint32(cdb[2:6]) != 0 {
+		c.fail(invalidCDB(2, -1))
+		return
+	}
+	b := c.dataIn(8)
+	last := c.lu.blocks() - 1
+	if c.lu.blocks() == 0 {
+		last = 0
+	}
+	binary.BigEndian.PutUint32(b[0:4], uint32(min(last, 0xFFFFFFFF)))
+	binary.BigEndian.PutUint32(b[4:8], c.lu.bs)
+	c.reply(b, 8)
+}
+
+func (c *cmd) readCapacity16() {
+	cdb := c.task.CDB
+	if cdb[14]&1 == 0 && binary.BigEndian.Uint64(cdb[2:10]) != 0 {
+		c.fail(invalidCDB(2, -1))
+		return
+	}
+	alloc := uint64(binary.BigEndian.Uint32(cdb[10:14]))
+	b := c.dataIn(32)
+	last := c.lu.blocks()
+	if last > 0 {
+		last--
+	}
+	binary.BigEndian.PutUint64(b[0:8], last)
+	binary.BigEndian.PutUint32(b[8:12], c.lu.bs)
+	b[13] = c.lu.ppbExp
+	b[14] = 0x80 | 0x40 // LBPME (thin provisioning), LBPRZ (unmapped reads zero)
+	c.reply(b, alloc)
+}
+
+func (c *cmd) getLBAStatus() {
+	cdb := c.task.CDB
+	lba := binary.BigEndian.Uint64(cdb[2:10])
+	alloc := uint64(binary.BigEndian.Uint32(cdb[10:14]))
+	cap := c.lu.blocks()
+	if lba >= cap {
+		c.fail(senseLBAOutOfRange)
+		return
+	}
+	if alloc < 24 {
+		// Room for the header and one descriptor at least; less is
+		// answered with the header alone.
+		b := c.dataIn(8)
+		binary.BigEndian.PutUint32(b[0:4], 4)
+		c.reply(b, alloc)
+		return
+	}
+	maxDesc := min((alloc-8)/16, 64)
+	span := min(cap-lba, uint64(maxWriteSameBytes)>>c.lu.bsShift)
+	bs := int64(c.lu.bs)
+	exts, err := c.lu.dev.Extents(int64(lba)*bs, int64(span)*bs)
+	if err != nil {
+		c.fail(errSense(err, false))
+		return
+	}
+	b := c.dataIn(int(8 + 16*maxDesc))
+	nd := uint64(0)
+	next := lba
+	end := lba + span
+	for _, e := range exts {
+		if nd == maxDesc || next >= end {
+			break
+		}
+		// Block-granular: a block is deallocated only if all of it is a
+		// hole; a partial hole rounds to mapped.
+		s, f := e.Offset, e.Offset+e.Length
+		var from, to uint64
+		if e.Hole {
+			from, to = uint64((s+bs-1)/bs), uint64(f/bs)
+		} else {
+			from, to = uint64(s/bs), uint64((f+bs-1)/bs)
+		}
+		from, to = max(from, next), min(to, end)
+		if to <= from {
+			continue
+		}
+		if from > next { // a gap rounded away: mapped
+			nd = appendLBAStatus(b, nd, next, from-next, 0)
+			if nd == maxDesc {
+				break
+			}
+		}
+		st := uint8(0)
+		if e.Hole {
+			st = 1
+		}
+		nd = appendLBAStatus(b, nd, from, to-from, st)
+		next = to
+	}
+	if nd == 0 {
+		nd = appendLBAStatus(b, nd, lba, 1, 0)
+	}
+	binary.BigEndian.PutUint32(b[0:4], uint32(4+16*nd))
+	c.reply(b[:8+16*nd], alloc)
+}
+
+// appendLBAStatus writes descriptor nd (merging with the previous one when
+// it continues it with the same status) and returns the new count.
+func appendLBAStatus(b []byte, nd, lba, n uint64, st uint8) uint64 {
+	if nd > 0 {
+		p := b[8+16*(nd-1):]
+		pl, pn := binary.BigEndian.Uint64(p[0:8]), uint64(binary.BigEndian.Uint32(p[8:12]))
+		if p[12] == st && pl+pn == lba && pn+n <= 0xFFFFFFFF {
+			binary.BigEndian.PutUint32(p[8:12], uint32(pn+n))
+			return nd
+		}
+	}
+	d := b[8+16*nd:]
+	binary.BigEndian.PutUint64(d[0:8], lba)
+	binary.BigEndian.PutUint32(d[8:12], uint32(min(n, 0xFFFFFFFF)))
+	d[12] = st
+	return nd + 1
+}
+
+func (c *cmd) testUnitReady() { c.finishStatus(StatusGood) }

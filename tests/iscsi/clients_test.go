@@ -3,6 +3,7 @@ package iscsi
 import (
 	"bytes"
 	"fmt"
+	"github.com/vmsan/vmsan/internal/testutil"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,7 +41,7 @@ func TestCHAP(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := startVmsan(t, fmt.Sprintf(`    discovery_auth: {user: disc, secret: "discsecret123"}
-    auth: {user: vm1, secret_file: %s}
+    auth: {user: vm1, secret_file: %s, mutual_user: san1, mutual_secret: "mutualsecret9"}
 `, sec))
 	ok := func(out string, err error) bool { return err == nil && strings.Contains(out, nodeIQN) }
 	if out, err := run(t, 30*time.Second, "iscsi-ls", "iscsi://disc%discsecret123@"+v.addr); !ok(out, err) {
@@ -54,6 +55,13 @@ func TestCHAP(t *testing.T) {
 	}
 	if out, err := run(t, 30*time.Second, "iscsi-inq", v.url("vm1%targetsecret99", 0)); err != nil || !strings.Contains(out, "VMSAN") {
 		t.Fatalf("login with CHAP: %v\n%s", err, out)
+	}
+	// Mutual CHAP: libiscsi checks the target's answer.
+	if out, err := run(t, 30*time.Second, "iscsi-inq", v.url("vm1%targetsecret99", 0)+"?target_user=san1&target_password=mutualsecret9"); err != nil || !strings.Contains(out, "VMSAN") {
+		t.Fatalf("login with mutual CHAP: %v\n%s", err, out)
+	}
+	if out, err := run(t, 30*time.Second, "iscsi-inq", v.url("vm1%targetsecret99", 0)+"?target_user=san1&target_password=mutualsecret8"); err == nil {
+		t.Fatalf("initiator accepted a target that does not know the mutual secret:\n%s", out)
 	}
 	if out, err := run(t, 30*time.Second, "iscsi-inq", v.url("vm1%targetsecret98", 0)); err == nil {
 		t.Fatalf("login with a wrong secret succeeded:\n%s", out)
@@ -114,5 +122,84 @@ func TestQEMU(t *testing.T) {
 				t.Fatalf("volume raw file differs from what was written (err %v)", err)
 			}
 		})
+	}
+}
+
+// lunSizes parses `iscsi-ls -s` into LUN number -> size text per target.
+func lunSizes(out string) map[string]map[string]string {
+	res := map[string]map[string]string{}
+	cur := ""
+	for _, l := range lines(out) {
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		if strings.HasPrefix(f[0], "Target:") {
+			cur = strings.TrimPrefix(f[0], "Target:")
+			res[cur] = map[string]string{}
+			continue
+		}
+		if strings.HasPrefix(f[0], "Lun:") && cur != "" {
+			size := ""
+			if i := strings.Index(l, "(Size:"); i >= 0 {
+				size = strings.TrimSuffix(l[i+len("(Size:"):], ")")
+			}
+			res[cur][strings.TrimPrefix(f[0], "Lun:")] = size
+		}
+	}
+	return res
+}
+
+// TestNodeModeStableLUNs: in node mode each volume keeps its LUN number
+// across a restart that adds a volume sorting before the others.
+func TestNodeModeStableLUNs(t *testing.T) {
+	t.Parallel()
+	dir := testutil.DiskTempDir(t)
+	v := startVmsanIn(t, dir, "  - {name: zeta, size: 8M}\n", "")
+	out, err := run(t, 30*time.Second, "iscsi-ls", "-s", "iscsi://"+v.addr)
+	if err != nil {
+		t.Fatalf("iscsi-ls: %v\n%s", err, out)
+	}
+	before := lunSizes(out)[nodeIQN]
+	if len(before) != 2 || before["0"] == "" || before["1"] == "" {
+		t.Fatalf("want 2 LUNs, got %v\n%s", before, out)
+	}
+	v.stop(t)
+	v = startVmsanIn(t, dir, "  - {name: zeta, size: 8M}\n  - {name: alpha, size: 16M}\n", "")
+	out, err = run(t, 30*time.Second, "iscsi-ls", "-s", "iscsi://"+v.addr)
+	if err != nil {
+		t.Fatalf("iscsi-ls: %v\n%s", err, out)
+	}
+	after := lunSizes(out)[nodeIQN]
+	if len(after) != 3 || after["0"] != before["0"] || after["1"] != before["1"] || after["2"] == "" {
+		t.Fatalf("LUNs moved: before %v after %v\n%s", before, after, out)
+	}
+}
+
+// TestPerVolumeMode: one target per volume, each with its volume as LUN 0;
+// a per-volume ACL hides a target from other initiators.
+func TestPerVolumeMode(t *testing.T) {
+	t.Parallel()
+	v := startVmsanIn(t, testutil.DiskTempDir(t), "  - {name: Zeta, size: 8M}\n", `    mode: per-volume
+    targets:
+      - {volume: Zeta, initiators: [iqn.2026-11.org.example:allowed]}
+`)
+	out, err := run(t, 30*time.Second, "iscsi-ls", "-s", "iscsi://"+v.addr)
+	if err != nil {
+		t.Fatalf("iscsi-ls: %v\n%s", err, out)
+	}
+	got := lunSizes(out)
+	if len(got) != 1 || got[nodeIQN+":disk"]["0"] == "" {
+		t.Fatalf("want only %s:disk (Zeta is ACL'd), got %v\n%s", nodeIQN, got, out)
+	}
+	out, err = run(t, 30*time.Second, "iscsi-ls", "-s", "-i", "iqn.2026-11.org.example:allowed", "iscsi://"+v.addr)
+	if err != nil {
+		t.Fatalf("iscsi-ls: %v\n%s", err, out)
+	}
+	if got := lunSizes(out); len(got) != 2 || got[nodeIQN+":zeta"]["0"] == "" {
+		t.Fatalf("the allowed initiator should see both targets: %v\n%s", got, out)
+	}
+	if out, err := run(t, 30*time.Second, "iscsi-inq", fmt.Sprintf("iscsi://%s/%s:zeta/0", v.addr, nodeIQN)); err == nil {
+		t.Fatalf("login to an ACL'd target succeeded:\n%s", out)
 	}
 }

@@ -59,7 +59,13 @@ type vmsan struct {
 // extra YAML under `iscsi:` (indented by four spaces).
 func startVmsan(t *testing.T, iscsiYAML string) *vmsan {
 	t.Helper()
-	dir := testutil.DiskTempDir(t)
+	return startVmsanIn(t, testutil.DiskTempDir(t), "", iscsiYAML)
+}
+
+// startVmsanIn is startVmsan with a given directory (a restart reuses it)
+// and extra volume entries (YAML list items, indented by two spaces).
+func startVmsanIn(t *testing.T, dir, volumesYAML, iscsiYAML string) *vmsan {
+	t.Helper()
 	port, err := servers.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -74,11 +80,11 @@ listen: ["127.0.0.1:%d"]
 no_default_volume: true
 volumes:
   - {name: disk, size: %d}
-iscsi:
+%siscsi:
     listen: ["%s"]
     node_name: test
     nop_interval: 2s
-%s`, filepath.Join(dir, "data"), nbdPort, volSize, addr, iscsiYAML)
+%s`, filepath.Join(dir, "data"), nbdPort, volSize, volumesYAML, addr, iscsiYAML)
 	cf := filepath.Join(dir, "vmsan.yaml")
 	if err := os.WriteFile(cf, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -100,7 +100,7 @@ func runSuite(t *testing.T, url, logName string) map[string]cuResult {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "--dataloss", "--verbose", "--test=ALL", url)
-	cmd.Dir = t.TempDir() // it may write CUnit files into the cwd
+	cmd.Dir = t.TempDir()          // it may write CUnit files into the cwd
 	out, _ := cmd.CombinedOutput() // exits non-zero when any test fails
 	if ctx.Err() != nil {
 		t.Fatalf("iscsi-test-cu against %s timed out", logName)

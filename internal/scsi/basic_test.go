@@ -29,6 +29,8 @@ func TestReadWriteRoundTrip(t *testing.T) {
 		t.Fatal("read16 differs")
 	}
 	f.good(f.n, cdb10(opSyncCache10, 0, 0, 0), nil, 0)
+	f.good(f.n, cdb10(opPreFetch10, 0x02, testSize/512-8, 8), nil, 0)
+	f.check(f.n, cdb16(opPreFetch16, 0, testSize/512-8, 9), nil, 0, KeyIllegalRequest, 0x21, 0)
 	rc := f.good(f.n, cdb10(opReadCapacity10, 0, 0, 0), nil, 8)
 	if got := binary.BigEndian.Uint32(rc.data); got != testSize/512-1 {
 		t.Fatalf("last LBA %d", got)

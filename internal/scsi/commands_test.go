@@ -299,7 +299,7 @@ func setControl(f *fixture, n *Nexus, b2, b4 byte) {
 	f.t.Helper()
 	pl := make([]byte, 4+12)
 	pl[4], pl[5] = 0x0A, 0x0A
-	pl[4+2], pl[4+3], pl[4+4] = b2, 0x10, b4
+	pl[4+2], pl[4+3], pl[4+4] = 0x20|b2, 0x10, b4
 	f.good(n, []byte{opModeSelect6, 0x10, 0, 0, byte(len(pl)), 0}, pl, 0)
 }
 
@@ -339,7 +339,7 @@ func TestModeSenseSelect(t *testing.T) {
 	f.good(f.n, cdb10(opWrite10, 0, 0, 1), make([]byte, 512), 0)
 	// A non-changeable bit: INVALID FIELD IN PARAMETER LIST.
 	pl := make([]byte, 4+12)
-	pl[4], pl[5], pl[4+3], pl[4+5] = 0x0A, 0x0A, 0x10, 0x40
+	pl[4], pl[5], pl[4+2], pl[4+3], pl[4+5] = 0x0A, 0x0A, 0x20, 0x10, 0x40
 	f.check(f.n, []byte{opModeSelect6, 0x10, 0, 0, byte(len(pl)), 0}, pl, 0, KeyIllegalRequest, 0x26, 0)
 	// Writethrough cache: WCE clear.
 	dev := exporttest.NewMemDevice(t, "vol", testSize)
@@ -431,6 +431,8 @@ func TestALUAStates(t *testing.T) {
 	f.tg.SetPortGroupState(2, ALUAStandby)
 	f.check(n2, []byte{opTestUnitReady, 0, 0, 0, 0, 0}, nil, 0, KeyUnitAttention, 0x2A, 0x06)
 	f.check(n2, cdb10(opRead10, 0, 0, 1), nil, 512, KeyNotReady, 0x04, 0x0B)
+	f.check(n2, tur, nil, 0, KeyNotReady, 0x04, 0x0B)
+	f.good(n2, cdb10(opReadCapacity10, 0, 0, 0), nil, 8)
 	f.good(n2, inq(false, 0, 96), nil, 96)
 	r = f.good(n2, rtpg, nil, 256)
 	if r.data[8+12]&0x0F != ALUAStandby {
@@ -509,4 +511,71 @@ func TestEngineErrorsToSense(t *testing.T) {
 			f.check(f.n, cdb10(opRead10, 0, 0, 1), nil, 512, tc.key, tc.asc, tc.ascq)
 		}
 	}
+}
+
+// TestDataOutSizeMustMatch: COMPARE AND WRITE and WRITE SAME refuse a
+// data-out larger or smaller than the CDB implies (libiscsi's
+// InvalidDataOutSize tests); WRITE takes the residual instead.
+func TestDataOutSizeMustMatch(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	caw := cdb16(opCompareAndWrite, 0, 0, 0)
+	caw[13] = 1
+	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
+	caw[13] = 3
+	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
+	for _, n := range []int{256, 1024} {
+		f.check(f.n, cdb10(opWriteSame10, 0x08, 0, 1), make([]byte, n), 0, KeyIllegalRequest, 0x24, 0)
+	}
+}
+
+// TestReportOpcodesOneEach: every command of the "all" list answers the
+// one-command query with its CDB length and a usage map starting with
+// its opcode (what libiscsi's OneCommand test walks).
+func TestReportOpcodesOneEach(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	all := f.good(f.n, []byte{opMaintenanceIn, saReportOpcodes, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0}, nil, 4096).data
+	for p := 4; p < len(all); p += 8 {
+		op, sa, servactv, cdbLen := all[p], binary.BigEndian.Uint16(all[p+2:]), all[p+5]&1 != 0, binary.BigEndian.Uint16(all[p+6:])
+		opts := byte(1)
+		if servactv {
+			opts = 2
+		}
+		cdb := []byte{opMaintenanceIn, saReportOpcodes, opts, op, byte(sa >> 8), byte(sa), 0, 0, 1, 0, 0, 0}
+		d := f.good(f.n, cdb, nil, 256).data
+		if d[1]&7 != 3 || binary.BigEndian.Uint16(d[2:]) != cdbLen || d[4] != op || (servactv && d[5]&0x1F != byte(sa)) {
+			t.Errorf("op %#x sa %#x: % x", op, sa, d)
+		}
+	}
+}
+
+// TestResetsAndNexusLoss: a target reset releases RESERVE(6) and
+// gives other nexuses 29/03; a lost nexus's replacement starts with 29/00.
+func TestResetsAndNexusLoss(t *testing.T) {
+	f := newFixture(t)
+	a, b := nexus("iqn.a", 1), nexus("iqn.b", 1)
+	f.ready(a)
+	f.ready(b)
+	f.good(a, []byte{opReserve6, 0, 0, 0, 0, 0}, nil, 0)
+	if got := f.tg.TaskManagement(TMFTargetWarmReset, b, 0); got != TMFComplete {
+		t.Fatalf("target reset: %d", got)
+	}
+	f.check(a, tur, nil, 0, KeyUnitAttention, 0x29, 0x03)
+	if r, w := f.access(b); !r || !w {
+		t.Fatal("RESERVE(6) survived a target reset")
+	}
+	for _, fn := range []uint8{TMFAbortTask, TMFAbortTaskSet, TMFClearTaskSet} {
+		if got := f.tg.TaskManagement(fn, a, 0); got != TMFComplete {
+			t.Fatalf("TMF %d: %d", fn, got)
+		}
+	}
+	if got := f.tg.TaskManagement(TMFClearACA, a, 0); got != TMFNotSupported {
+		t.Fatalf("CLEAR ACA: %d", got)
+	}
+	f.good(a, tur, nil, 0)
+	f.tg.NexusLost(a)
+	a2 := nexus("iqn.a", 1)
+	f.check(a2, tur, nil, 0, KeyUnitAttention, 0x29, 0)
+	f.good(a2, tur, nil, 0)
 }

@@ -127,7 +127,7 @@ func (c *cmd) vpdBlockLimits(alloc uint64) {
 	b[1] = 0xB0
 	b[3] = 0x3C
 	b[4] = 0x01 // WSNZ: WRITE SAME with 0 blocks is refused
-	b[5] = maxCompareAndWrite
+	b[5] = l.maxCAW
 	gran := max(info.PrefBlock>>l.bsShift, 1)
 	binary.BigEndian.PutUint16(b[6:8], uint16(min(gran, 0xFFFF)))
 	mt := l.maxTransfer() >> l.bsShift
@@ -179,10 +179,9 @@ func (c *cmd) reportLUNs() {
 		c.fail(invalidCDB(2, -1))
 		return
 	}
-	if alloc < 16 {
-		c.fail(invalidCDB(6, -1))
-		return
-	}
+	// An allocation length under 16 only truncates (SPC-4 says it
+	// "should" be at least 16; SPC-3 made it an error, initiators probing
+	// with 8 bytes for the list length exist).
 	var luns []LUN
 	if sel != 1 { // 1: well-known logical units only (there are none)
 		luns = c.t.cfg.LUNs()
@@ -239,7 +238,7 @@ func (c *cmd) reportTPG() {
 		return
 	}
 	alloc := uint64(binary.BigEndian.Uint32(cdb[6:10]))
-	groups, ports, states := c.t.portGroups()
+	groups, ports, states, altered := c.t.portGroups()
 	size := 4
 	if format == 1 {
 		size = 8
@@ -259,7 +258,9 @@ func (c *cmd) reportTPG() {
 		// Supported: T_SUP, U_SUP, S_SUP, AN_SUP, AO_SUP.
 		b[p+1] = 0x80 | 0x08 | 0x04 | 0x02 | 0x01
 		binary.BigEndian.PutUint16(b[p+2:], g)
-		b[p+5] = 0x02 // altered by implicit asymmetric access behaviour
+		if altered[g] {
+			b[p+5] = 0x02 // altered by implicit asymmetric access behaviour
+		}
 		b[p+7] = byte(len(ports[g]))
 		p += 8
 		for _, rp := range ports[g] {

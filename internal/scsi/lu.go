@@ -61,6 +61,7 @@ type lu struct {
 	bsShift  uint
 	ppbExp   uint8  // logical blocks per physical block exponent
 	maxXfer  uint32 // bytes, a multiple of bs
+	maxCAW   uint8  // blocks per COMPARE AND WRITE: 2×maxCAW blocks ≤ maxXfer
 	readOnly bool
 	rotation bool
 	wce      bool
@@ -106,6 +107,7 @@ func newLU(t *Target, num uint64, vol string, dev export.Device) *lu {
 		l.maxXfer = info.MaxBlock
 	}
 	l.maxXfer = max(l.maxXfer&^(l.bs-1), l.bs)
+	l.maxCAW = uint8(max(min(maxCompareAndWrite, l.maxXfer/l.bs/2), 1))
 	l.readOnly = info.ReadOnly
 	l.rotation = info.Rotational
 	// QEMU's rule: every cache mode but writethrough has a volatile cache

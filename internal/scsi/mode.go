@@ -39,7 +39,12 @@ func (l *lu) modePage(b []byte, code, pc uint8) int {
 			}
 			fallthrough
 		default:
-			b[3] = 0x10 // QUEUE ALGORITHM MODIFIER 1: unrestricted reordering
+			// TST 001b: a task set per I_T nexus (the transport keeps task
+			// lists per session, so ABORT/CLEAR TASK SET touch only the
+			// caller's tasks); QUEUE ALGORITHM MODIFIER 1: unrestricted
+			// reordering (the engine may reorder independent requests).
+			b[2] |= 0x20
+			b[3] = 0x10
 		}
 		return 12
 	case 0x1C: // informational exceptions: none are reported

@@ -234,8 +234,9 @@ func (c *cmd) writeSame() {
 	}
 	var pattern []byte
 	if !ndob {
-		if len(c.task.DataOut) < int(c.lu.bs) {
-			c.fail(senseParamLenError)
+		// Exactly one block of data-out (not a prefix, not more).
+		if len(c.task.DataOut) < int(c.lu.bs) || c.task.ExpectedOut != c.lu.bs {
+			c.fail(invalidCDB(lf, -1))
 			return
 		}
 		pattern = c.task.DataOut[:c.lu.bs]
@@ -358,12 +359,15 @@ func (c *cmd) compareAndWrite() {
 		c.finishStatus(StatusGood)
 		return
 	}
-	if nblk > maxCompareAndWrite {
+	if nblk > uint64(c.lu.maxCAW) {
 		c.fail(invalidCDB(13, -1))
 		return
 	}
-	if uint64(len(c.task.DataOut)) < c.xfer {
-		c.fail(senseParamLenError)
+	// The data-out must be exactly the verify and write instances: a
+	// mismatch with the CDB is refused, not truncated (unlike WRITE, whose
+	// residual semantics let a prefix be written).
+	if uint64(c.task.ExpectedOut) != c.xfer || uint64(len(c.task.DataOut)) < c.xfer {
+		c.fail(invalidCDB(13, -1))
 		return
 	}
 	c.lba, c.nblk = lba, nblk
@@ -568,3 +572,13 @@ func appendLBAStatus(b []byte, nd, lba, n uint64, st uint8) uint64 {
 }
 
 func (c *cmd) testUnitReady() { c.finishStatus(StatusGood) }
+
+// preFetch checks the range and succeeds: the engine reads on demand and
+// the page cache does the rest, so there is nothing to load ahead (GOOD,
+// not CONDITION MET: no promise that the blocks fit a cache).
+func (c *cmd) preFetch() {
+	lba, nblk, _ := rwParams(c.task.CDB)
+	if c.checkRange(lba, nblk) {
+		c.finishStatus(StatusGood)
+	}
+}

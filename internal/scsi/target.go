@@ -74,6 +74,8 @@ type Config struct {
 	// (ports seen in a Nexus are added). nil: only ports seen.
 	Ports func() []Port
 	// MaxTransfer caps a READ/WRITE in bytes (0: DefaultMaxTransfer).
+	// Target.MaxDataOut derives from it the most data-out any command
+	// uses, which a transport may use to bound its buffers.
 	MaxTransfer uint32
 	// Abort, when set, is called by PREEMPT AND ABORT for every I_T
 	// nexus whose registration was preempted: the transport aborts that
@@ -98,6 +100,7 @@ type Target struct {
 	lunFP  uint64 // fingerprint of the last LUN map seen (3F/0E)
 	// ALUA: state per port group, ports seen per group.
 	alua    map[uint16]uint8
+	altered map[uint16]bool // state set by SetPortGroupState (RTPG status)
 	ports   map[uint16]map[uint16]bool
 	aluaAny atomic.Bool // some group is not active/optimized
 }
@@ -120,8 +123,15 @@ func New(cfg Config) *Target {
 	if cfg.LUNs == nil {
 		cfg.LUNs = func() []LUN { return nil }
 	}
-	return &Target{cfg: cfg, lus: map[uint64]*lu{}, alua: map[uint16]uint8{}, ports: map[uint16]map[uint16]bool{}}
+	return &Target{cfg: cfg, lus: map[uint64]*lu{}, alua: map[uint16]uint8{}, altered: map[uint16]bool{}, ports: map[uint16]map[uint16]bool{}}
 }
+
+// MaxDataOut is the largest data-out any command consumes: a transport
+// may refuse (or not buffer) more. READ/WRITE-class commands are bounded
+// by MaxTransfer (COMPARE AND WRITE's 2×N blocks too, see lu.maxCAW), the
+// parameter lists of UNMAP, MODE SELECT and PERSISTENT RESERVE OUT by
+// their 16-bit length fields in practice.
+func (t *Target) MaxDataOut() uint32 { return max(t.cfg.MaxTransfer, 64<<10) }
 
 // Close releases every opened device. Commands executed afterwards fail
 // with LOGICAL UNIT NOT SUPPORTED.
@@ -266,8 +276,8 @@ func (t *Target) SetPortGroupState(group uint16, state uint8) {
 		old = ALUAActiveOptimized
 	}
 	t.alua[group] = state
-	if t.ports[group] == nil {
-		t.ports[group] = map[uint16]bool{}
+	if old != state {
+		t.altered[group] = true
 	}
 	any := false
 	for _, s := range t.alua {
@@ -302,8 +312,9 @@ func (t *Target) PortGroupState(group uint16) uint8 {
 	return ALUAActiveOptimized
 }
 
-// portGroups returns the groups in use and their ports, sorted.
-func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, states map[uint16]uint8) {
+// portGroups returns the groups in use (with at least one port) and their
+// ports, sorted, with their states and whether a state was set.
+func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, states map[uint16]uint8, altered map[uint16]bool) {
 	var extra []Port
 	if t.cfg.Ports != nil {
 		extra = t.cfg.Ports()
@@ -312,6 +323,7 @@ func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, state
 	defer t.mu.Unlock()
 	ports = map[uint16][]uint16{}
 	states = map[uint16]uint8{}
+	altered = map[uint16]bool{}
 	set := map[uint16]map[uint16]bool{}
 	for g, ps := range t.ports {
 		set[g] = map[uint16]bool{}
@@ -329,6 +341,10 @@ func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, state
 		set[0] = map[uint16]bool{1: true}
 	}
 	for g, ps := range set {
+		if len(ps) == 0 {
+			continue
+		}
+		altered[g] = t.altered[g]
 		groups = append(groups, g)
 		for p := range ps {
 			ports[g] = append(ports[g], p)
@@ -341,7 +357,7 @@ func (t *Target) portGroups() (groups []uint16, ports map[uint16][]uint16, state
 		states[g] = s
 	}
 	sort.Slice(groups, func(i, j int) bool { return groups[i] < groups[j] })
-	return groups, ports, states
+	return groups, ports, states, altered
 }
 
 // TaskManagement performs the SCSI side of a task management function

@@ -51,6 +51,13 @@ type iscsiFrontEnd struct {
 // LUN number in node mode.
 const lunFileName = "iscsi-lun"
 
+// iscsiMaxTransfer is the largest READ/WRITE the iSCSI LUNs accept (the
+// Block Limits VPD page's MAXIMUM TRANSFER LENGTH) and the session layer's
+// per-command bound: 32 MiB, what Linux's sd and libiscsi's suite issue
+// at most (its WRITE SAME tests write 65536 blocks in one WRITE(16)). A
+// session's in-flight data stays bounded by target.Config.SessionBudget.
+const iscsiMaxTransfer = 32 << 20
+
 func chapFrom(a *config.ISCSIAuth) (*target.CHAP, error) {
 	if a == nil {
 		return nil, nil
@@ -98,6 +105,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		Targets:       f.targets,
 		DiscoveryAuth: f.discovery,
 		QueueDepth:    ic.QueueDepth,
+		MaxTransfer:   iscsiMaxTransfer,
 		NopInterval:   time.Duration(ic.NopInterval),
 		NopTimeout:    time.Duration(ic.NopTimeout),
 		Logger:        d.log,
@@ -121,11 +129,12 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 // newSCSI builds the SCSI layer over the daemon's volumes.
 func (f *iscsiFrontEnd) newSCSI(luns func() []scsi.LUN) *scsi.Target {
 	return scsi.New(scsi.Config{
-		Registry: registry{f.d},
-		LUNs:     luns,
-		StateDir: f.d.store.StateDir,
-		Ports:    f.ports,
-		Abort:    f.srv.AbortNexus,
+		Registry:    registry{f.d},
+		LUNs:        luns,
+		StateDir:    f.d.store.StateDir,
+		MaxTransfer: iscsiMaxTransfer,
+		Ports:       f.ports,
+		Abort:       f.srv.AbortNexus,
 	})
 }
 

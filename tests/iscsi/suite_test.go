@@ -94,23 +94,58 @@ func parseCU(out string) map[string]cuResult {
 	return res
 }
 
+// suites lists iscsi-test-cu's suites (ALL.<suite>).
+func suites(t *testing.T, bin string) []string {
+	t.Helper()
+	out, err := exec.Command(bin, "--list").CombinedOutput()
+	if err != nil {
+		t.Fatalf("iscsi-test-cu --list: %v\n%s", err, out)
+	}
+	re := regexp.MustCompile(`^ALL\.([A-Za-z0-9_]+)$`)
+	var names []string
+	for _, l := range lines(string(out)) {
+		if m := re.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+			names = append(names, m[1])
+		}
+	}
+	if len(names) < 20 {
+		t.Fatalf("iscsi-test-cu --list: only %d suites:\n%s", len(names), out)
+	}
+	return names
+}
+
+// runSuite runs the whole suite, one iscsi-test-cu process per test suite:
+// a crash of the tool in one suite (its reconnect logic after the
+// deliberate protocol errors of iSCSIdatasn has been seen to die mid-run
+// in the ALL run) then costs that suite's results (counted as failures),
+// not the rest of the run.
 func runSuite(t *testing.T, url, logName string) map[string]cuResult {
 	t.Helper()
 	bin := testutil.NeedTool(t, "iscsi-test-cu")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "--dataloss", "--verbose", "--test=ALL", url)
-	cmd.Dir = t.TempDir()          // it may write CUnit files into the cwd
-	out, _ := cmd.CombinedOutput() // exits non-zero when any test fails
-	if ctx.Err() != nil {
-		t.Fatalf("iscsi-test-cu against %s timed out", logName)
+	var all strings.Builder
+	for _, su := range suites(t, bin) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		cmd := exec.CommandContext(ctx, bin, "--dataloss", "--verbose", "--test=ALL."+su, url)
+		cmd.Dir = t.TempDir() // it may write CUnit files into the cwd
+		out, _ := cmd.CombinedOutput() // exits non-zero when any test fails
+		if ctx.Err() != nil {
+			t.Errorf("iscsi-test-cu suite %s against %s timed out", su, logName)
+		}
+		cancel()
+		if !strings.Contains(string(out), "Suite: "+su) {
+			// Nothing ran (a login failure): keep the output for the log
+			// and let the missing results count.
+			fmt.Fprintf(&all, "Suite: %s\n", su)
+		}
+		all.Write(out)
+		all.WriteString("\n")
 	}
 	if d := os.Getenv("VMSAN_ISCSI_SUITE_LOGS"); d != "" {
-		_ = os.WriteFile(filepath.Join(d, logName+".txt"), out, 0o644)
+		_ = os.WriteFile(filepath.Join(d, logName+".txt"), []byte(all.String()), 0o644)
 	}
-	res := parseCU(string(out))
+	res := parseCU(all.String())
 	if len(res) < 100 {
-		t.Fatalf("iscsi-test-cu against %s: only %d test results parsed:\n%s", logName, len(res), tail(string(out)))
+		t.Fatalf("iscsi-test-cu against %s: only %d test results parsed:\n%s", logName, len(res), tail(all.String()))
 	}
 	return res
 }
@@ -214,6 +249,9 @@ func TestLibiscsiSuiteVsTgt(t *testing.T) {
 	var bad []string
 	for _, n := range names {
 		a, b := vm[n], tg[n]
+		if a == "" {
+			a = cuFail // vmsan's run lost it (tool crash or hang)
+		}
 		if a != b {
 			fmt.Fprintf(&table, "%-55s %-6s %-6s\n", n, a, b)
 		}

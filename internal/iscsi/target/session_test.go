@@ -514,3 +514,44 @@ func TestSendTargetsLong(t *testing.T) {
 		t.Fatalf("%d targets listed", names)
 	}
 }
+
+// TestCmdSNWindow: 128 commands can be in flight at once (they complete
+// out of order on the LU's goroutines); a command beyond MaxCmdSN is
+// ignored; as commands complete MaxCmdSN advances.
+func TestCmdSNWindow(t *testing.T) {
+	ts := startServer(t, nil)
+	ts.lu.block = make(chan struct{})
+	i := dial(t, ts.addr)
+	rsp := i.login()
+	first, max0 := rsp.ExpCmdSN, rsp.MaxCmdSN
+	for k := uint32(0); k < 128; k++ {
+		i.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 100 + k, ExpectedDataTransferLength: 512, CmdSN: first + k, CDB: readCDB(k, 1)}, nil)
+	}
+	// Beyond the window: must not run.
+	i.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 999, ExpectedDataTransferLength: 512, CmdSN: max0 + 1, CDB: readCDB(0, 1)}, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for ts.lu.execs.Load() < 128 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := ts.lu.execs.Load(); n != 128 {
+		t.Fatalf("%d commands executing, want 128", n)
+	}
+	close(ts.lu.block)
+	seen := map[uint32]bool{}
+	var lastMax uint32
+	for len(seen) < 128 {
+		di, _ := expect[*pdu.DataIn](i)
+		if di.ITT == 999 || seen[di.ITT] {
+			t.Fatalf("unexpected response for ITT %d", di.ITT)
+		}
+		seen[di.ITT] = true
+		lastMax = di.MaxCmdSN
+	}
+	if !pdu.SNGreater(lastMax, max0) {
+		t.Fatalf("MaxCmdSN did not advance: %d then %d", max0, lastMax)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := ts.lu.execs.Load(); n != 128 {
+		t.Fatalf("the command outside the window ran (%d executions)", n)
+	}
+}

@@ -68,6 +68,11 @@ type Task struct {
 	// Target computes residuals against them.
 	ExpectedOut uint32
 	ExpectedIn  uint32
+	// More (optional) says the transport already holds another complete
+	// command of this session that it will Execute right after this one:
+	// the engine's write-gathering hint (ioengine.Request.More), as the
+	// NBD server gives it. False is always correct.
+	More bool
 }
 
 // Result is a completed task: what the transport sends back.

@@ -37,6 +37,7 @@ const (
 	opRead16           = 0x88
 	opCompareAndWrite  = 0x89
 	opWrite16          = 0x8A
+	opORWrite          = 0x8B
 	opWriteVerify16    = 0x8E
 	opVerify16         = 0x8F
 	opPreFetch16       = 0x90
@@ -159,6 +160,7 @@ func init() {
 	add(opWriteSame10, -1, m(0xFF, 0x18, 0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0xFF, 0xFF, 0), wr, (*cmd).writeSame)
 	add(opWriteSame16, -1, cat(m(0xFF, 0x19), lba8, m(0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0)), wr, (*cmd).writeSame)
 	add(opUnmap, -1, m(0xFF, 0x01, 0, 0, 0, 0, 0x1F, 0xFF, 0xFF, 0), wr, (*cmd).unmap)
+	add(opORWrite, -1, cat(m(0xFF, 0x18), lba8, m(0xFF, 0xFF, 0xFF, 0xFF, 0x1F, 0)), wr, (*cmd).orWrite)
 	add(opCompareAndWrite, -1, cat(m(0xFF, 0x18), lba8, m(0, 0, 0, 0xFF, 0x1F, 0)), rd|wr, (*cmd).compareAndWrite)
 	// READ CAPACITY works on standby paths too, so an initiator learns the
 	// size on every path (dm-multipath wants equal sizes to group them).

@@ -96,7 +96,7 @@ func TestVPDPages(t *testing.T) {
 	r = f.good(f.n, inq(true, 0xB0, 255), nil, 255)
 	d = r.data
 	if d[3] != 0x3C || d[5] != maxCompareAndWrite || binary.BigEndian.Uint32(d[8:]) != (1<<20)/512 ||
-		binary.BigEndian.Uint32(d[20:]) == 0 || binary.BigEndian.Uint32(d[24:]) != maxUnmapDescriptors ||
+		binary.BigEndian.Uint32(d[20:]) == 0 || binary.BigEndian.Uint32(d[20:]) > 1<<20 || binary.BigEndian.Uint32(d[24:]) != maxUnmapDescriptors ||
 		binary.BigEndian.Uint64(d[36:]) == 0 || binary.BigEndian.Uint16(d[6:]) != 4096/512 {
 		t.Fatalf("block limits % x", d)
 	}
@@ -199,6 +199,12 @@ func TestWriteSameUnmapGetLBAStatus(t *testing.T) {
 	if d := f.good(f.n, cdb10(opRead10, 0, lba, 16), nil, 16*512).data; !bytes.Equal(d, make([]byte, 16*512)) {
 		t.Fatal("unmapped blocks do not read as zeroes (LBPRZ)")
 	}
+	// UNMAP deallocates whatever the data-out block holds.
+	f.good(f.n, cdb10(opWrite10, 0, lba, 4), pattern(4*512, 8), 0)
+	f.good(f.n, cdb10(opWriteSame10, 0x08, lba, 4), pattern(512, 9), 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, lba, 4), nil, 4*512).data; !bytes.Equal(d, make([]byte, 4*512)) {
+		t.Fatal("WRITE SAME UNMAP with a non-zero block did not deallocate")
+	}
 	// Pattern WRITE SAME writes the block everywhere.
 	blk := pattern(512, 77)
 	f.good(f.n, cdb10(opWriteSame10, 0, lba+16, 8), blk, 0)
@@ -213,8 +219,13 @@ func TestWriteSameUnmapGetLBAStatus(t *testing.T) {
 	if d := f.good(f.n, cdb10(opRead10, 0, lba+16, 8), nil, 8*512).data; !bytes.Equal(d, make([]byte, 8*512)) {
 		t.Fatal("NDOB did not zero")
 	}
-	// Zero blocks (WSNZ), ANCHOR without UNMAP, beyond the end.
-	f.check(f.n, cdb16(opWriteSame16, 0, lba, 0), blk, 0, KeyIllegalRequest, 0x24, 0)
+	// Zero blocks: through the last block (WSNZ=0); past the end: 21/00.
+	f.good(f.n, cdb16(opWriteSame16, 0, testSize/512-4, 0), blk, 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, testSize/512-1, 1), nil, 512).data; !bytes.Equal(d, blk) {
+		t.Fatal("0-block WRITE SAME did not reach the last block")
+	}
+	f.check(f.n, cdb16(opWriteSame16, 0, testSize/512+1, 0), blk, 0, KeyIllegalRequest, 0x21, 0)
+	// ANCHOR without UNMAP, beyond the end.
 	f.check(f.n, cdb16(opWriteSame16, 0x10, lba, 1), blk, 0, KeyIllegalRequest, 0x24, 0)
 	f.check(f.n, cdb16(opWriteSame16, 0, testSize/512-1, 2), blk, 0, KeyIllegalRequest, 0x21, 0)
 	// UNMAP two descriptors.
@@ -524,6 +535,10 @@ func TestDataOutSizeMustMatch(t *testing.T) {
 	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
 	caw[13] = 3
 	f.check(f.n, caw, make([]byte, 4*512), 0, KeyIllegalRequest, 0x24, 0)
+	// 256 blocks wrap the one-byte length to 0: the data-out gives it away.
+	caw[13] = 0
+	f.check(f.n, caw, make([]byte, 2*256*512), 0, KeyIllegalRequest, 0x24, 0)
+	f.good(f.n, caw, nil, 0)
 	for _, n := range []int{256, 1024} {
 		f.check(f.n, cdb10(opWriteSame10, 0x08, 0, 1), make([]byte, n), 0, KeyIllegalRequest, 0x24, 0)
 	}
@@ -578,4 +593,22 @@ func TestResetsAndNexusLoss(t *testing.T) {
 	a2 := nexus("iqn.a", 1)
 	f.check(a2, tur, nil, 0, KeyUnitAttention, 0x29, 0)
 	f.good(a2, tur, nil, 0)
+}
+
+// TestORWrite: ORWRITE ORs the data-out into the blocks.
+func TestORWrite(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	a, b := bytes.Repeat([]byte{0xA5}, 1024), bytes.Repeat([]byte{0x5A}, 1024)
+	f.good(f.n, cdb10(opWrite10, 0, 20, 2), make([]byte, 1024), 0)
+	f.good(f.n, cdb16(opORWrite, 0, 20, 2), a, 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, 20, 2), nil, 1024).data; !bytes.Equal(d, a) {
+		t.Fatal("ORWRITE into zeroes")
+	}
+	f.good(f.n, cdb16(opORWrite, 0x08, 20, 2), b, 0)
+	if d := f.good(f.n, cdb10(opRead10, 0, 20, 2), nil, 1024).data; !bytes.Equal(d, bytes.Repeat([]byte{0xFF}, 1024)) {
+		t.Fatal("ORWRITE did not OR")
+	}
+	f.check(f.n, cdb16(opORWrite, 0, testSize/512-1, 2), a, 0, KeyIllegalRequest, 0x21, 0)
+	f.check(f.n, cdb16(opORWrite, 0x20, 0, 1), a[:512], 0, KeyIllegalRequest, 0x24, 0)
 }

@@ -58,7 +58,7 @@ func FuzzExecute(f *testing.F) {
 		{opMaintenanceIn, 0x20 | saReportTPG, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0},
 		{opReportLUNs, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}, {opRequestSense, 1, 0, 0, 252, 0},
 		cdb16(opServiceActionIn, saGetLBAStatus, 0, 64), cdb16(opServiceActionIn, saReadCapacity16, 0, 32),
-		cdb10(opVerify10, 0x02, 0, 1), cdb16(opVerify16, 0x06, 0, 2), cdb10(opSyncCache10, 0, 0, 0),
+		cdb16(opORWrite, 0x08, 0, 1), cdb10(opVerify10, 0x02, 0, 1), cdb16(opVerify16, 0x06, 0, 2), cdb10(opSyncCache10, 0, 0, 0),
 		{opReserve6, 0, 0, 0, 0, 0}, {opRelease10, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 	} {
 		f.Add(c, []byte{0, 0, 0, 24, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 8}, uint16(512), byte(0))

@@ -126,14 +126,14 @@ func (c *cmd) vpdBlockLimits(alloc uint64) {
 	b := c.dataIn(64)
 	b[1] = 0xB0
 	b[3] = 0x3C
-	b[4] = 0x01 // WSNZ: WRITE SAME with 0 blocks is refused
+	// WSNZ=0: WRITE SAME with 0 blocks writes through the last block.
 	b[5] = l.maxCAW
 	gran := max(info.PrefBlock>>l.bsShift, 1)
 	binary.BigEndian.PutUint16(b[6:8], uint16(min(gran, 0xFFFF)))
 	mt := l.maxTransfer() >> l.bsShift
 	binary.BigEndian.PutUint32(b[8:12], mt)
 	binary.BigEndian.PutUint32(b[12:16], mt)
-	binary.BigEndian.PutUint32(b[20:24], uint32(maxWriteSameBytes>>l.bsShift))
+	binary.BigEndian.PutUint32(b[20:24], uint32(l.maxUnmap()))
 	binary.BigEndian.PutUint32(b[24:28], maxUnmapDescriptors)
 	binary.BigEndian.PutUint32(b[28:32], gran)
 	binary.BigEndian.PutUint64(b[36:44], uint64(maxWriteSameBytes>>l.bsShift))

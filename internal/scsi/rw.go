@@ -19,6 +19,7 @@ const (
 	stCAWRead
 	stCAWWrite
 	stVerify
+	stORRead
 )
 
 // rwParams decodes the LBA and transfer length of a READ/WRITE/VERIFY
@@ -65,6 +66,11 @@ func (c *cmd) checkWritable() bool {
 	return true
 }
 
+// maxUnmap is MAXIMUM UNMAP LBA COUNT (blocks per descriptor).
+func (l *lu) maxUnmap() uint64 {
+	return min(uint64(maxWriteSameBytes)>>l.bsShift, maxUnmapBlocks)
+}
+
 func (c *cmd) maxXferBlocks() uint64 {
 	return uint64(c.lu.maxTransfer()) >> c.lu.bsShift
 }
@@ -78,6 +84,12 @@ func (l *lu) maxTransfer() uint32 { return l.maxXfer }
 // not recurse).
 func (c *cmd) submit(op ioengine.Op, off, length int64, data []byte, inline bool) {
 	c.req = ioengine.Request{Op: op, Offset: off, Length: length, Data: data, FUA: c.fua, Inline: inline, Done: c.onDone}
+	if inline {
+		// The hints volrt.Lifecycle.Submit gives on the NBD path: nothing
+		// more buffered means the initiator likely waits for this one.
+		c.req.More = c.task.More
+		c.req.Idle = !c.task.More
+	}
 	c.lu.dev.Submit(&c.req)
 }
 
@@ -221,12 +233,16 @@ func (c *cmd) writeSame() {
 		c.fail(invalidCDB(1, 4))
 		return
 	}
-	if nblk == 0 { // WSNZ=1 in the Block Limits page
-		c.fail(invalidCDB(lf, -1))
-		return
-	}
 	if !c.checkRange(lba, nblk) {
 		return
+	}
+	if nblk == 0 {
+		// WSNZ=0: zero blocks means through the last block.
+		nblk = c.lu.blocks() - lba
+		if nblk == 0 {
+			c.finishStatus(StatusGood)
+			return
+		}
 	}
 	if nblk<<c.lu.bsShift > maxWriteSameBytes {
 		c.fail(invalidCDB(lf, -1))
@@ -245,13 +261,13 @@ func (c *cmd) writeSame() {
 	c.lockShared()
 	c.stage = stWrite
 	switch {
-	case pattern == nil || volrt.IsZero(pattern):
-		if unmap && !anchor {
-			// LBPRZ=1: a deallocated block reads as zeroes.
-			c.submit(ioengine.OpTrim, off, end-off, nil, true)
-			return
-		}
-		// Stays mapped (anchored, or UNMAP=0).
+	case unmap && !anchor:
+		// An unmap operation (SBC-3 5.42): the blocks are deallocated
+		// whatever the data-out holds, and read as zeroes (LBPRZ=1).
+		c.submit(ioengine.OpTrim, off, end-off, nil, true)
+		return
+	case unmap || pattern == nil || volrt.IsZero(pattern):
+		// Anchored, or zeroes written: the range stays allocated.
 		c.req = ioengine.Request{Op: ioengine.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
 		c.lu.dev.Submit(&c.req)
 		return
@@ -301,7 +317,7 @@ func (c *cmd) unmap() {
 		c.fail(invalidParam(2, -1))
 		return
 	}
-	maxN := uint64(maxWriteSameBytes) >> c.lu.bsShift
+	maxN := c.lu.maxUnmap()
 	for i := 0; i < nd; i++ {
 		d := data[8+16*i:]
 		lba, n := binary.BigEndian.Uint64(d[0:8]), uint64(binary.BigEndian.Uint32(d[8:12]))
@@ -355,18 +371,19 @@ func (c *cmd) compareAndWrite() {
 	if !c.checkWritable() || !c.checkRange(lba, nblk) {
 		return
 	}
+	// The data-out must be exactly the verify and write instances: a
+	// mismatch with the CDB is refused, not truncated (unlike WRITE, whose
+	// residual semantics let a prefix be written). This also catches 256
+	// blocks sent with the one-byte NUMBER OF LOGICAL BLOCKS wrapped to 0.
+	if uint64(c.task.ExpectedOut) != c.xfer || uint64(len(c.task.DataOut)) < c.xfer {
+		c.fail(invalidCDB(13, -1))
+		return
+	}
 	if nblk == 0 {
 		c.finishStatus(StatusGood)
 		return
 	}
 	if nblk > uint64(c.lu.maxCAW) {
-		c.fail(invalidCDB(13, -1))
-		return
-	}
-	// The data-out must be exactly the verify and write instances: a
-	// mismatch with the CDB is refused, not truncated (unlike WRITE, whose
-	// residual semantics let a prefix be written).
-	if uint64(c.task.ExpectedOut) != c.xfer || uint64(len(c.task.DataOut)) < c.xfer {
 		c.fail(invalidCDB(13, -1))
 		return
 	}
@@ -380,6 +397,35 @@ func (c *cmd) compareAndWrite() {
 	n := nblk << c.lu.bsShift
 	c.bufp = volrt.GetBuf(int(n))
 	c.stage = stCAWRead
+	c.req = ioengine.Request{Op: ioengine.OpRead, Offset: int64(lba << c.lu.bsShift), Length: int64(n), Data: *c.bufp, Inline: true, Done: c.onDone}
+	c.lu.dev.Submit(&c.req)
+}
+
+// orWrite is ORWRITE(16): the data-out is ORed into the blocks, atomic
+// against every other write like COMPARE AND WRITE (read, OR, write under
+// the exclusive write gate).
+func (c *cmd) orWrite() {
+	cdb := c.task.CDB
+	lba, nblk, lf := rwParams(cdb)
+	c.xfer = nblk << c.lu.bsShift
+	if !c.checkWritable() || !c.checkRange(lba, nblk) {
+		return
+	}
+	if nblk > c.maxXferBlocks() {
+		c.fail(invalidCDB(lf, -1))
+		return
+	}
+	n := min(c.xfer, uint64(len(c.task.DataOut))) &^ uint64(c.lu.bs-1)
+	if n == 0 {
+		c.finishStatus(StatusGood)
+		return
+	}
+	c.lba, c.nblk = lba, n>>c.lu.bsShift
+	c.fua = cdb[1]&0x08 != 0
+	c.lu.writeGate.Lock()
+	c.gateX = true
+	c.bufp = volrt.GetBuf(int(n))
+	c.stage = stORRead
 	c.req = ioengine.Request{Op: ioengine.OpRead, Offset: int64(lba << c.lu.bsShift), Length: int64(n), Data: *c.bufp, Inline: true, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
@@ -403,7 +449,7 @@ func miscompareAt(a, b []byte) (senseInfo, bool) {
 // the command according to c.stage.
 func (c *cmd) engineDone(r *ioengine.Request) {
 	if r.Err != nil {
-		write := c.stage != stRead && c.stage != stVerify && c.stage != stCAWRead
+		write := c.stage != stRead && c.stage != stVerify && c.stage != stCAWRead && c.stage != stORRead
 		c.unlockGate()
 		c.res.DataIn = nil
 		c.fail(errSense(r.Err, write))
@@ -436,6 +482,13 @@ func (c *cmd) engineDone(r *ioengine.Request) {
 			c.fail(s)
 			return
 		}
+	case stORRead:
+		for i, b := range c.task.DataOut[:len(r.Data)] {
+			r.Data[i] |= b
+		}
+		c.stage = stCAWWrite
+		c.submit(ioengine.OpWrite, r.Offset, r.Length, r.Data, false)
+		return
 	case stCAWRead:
 		n := int(c.nblk << c.lu.bsShift)
 		if s, bad := miscompareAt(c.task.DataOut[:n], r.Data); bad {

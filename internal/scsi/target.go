@@ -40,13 +40,19 @@ const (
 	// DefaultMaxTransfer is the largest READ/WRITE a Target accepts when
 	// Config.MaxTransfer is 0 (advertised in the Block Limits VPD page;
 	// larger transfers fail with INVALID FIELD IN CDB): it bounds the
-	// memory one command pins. The device's Info.MaxBlock lowers it.
-	DefaultMaxTransfer = 8 << 20
+	// memory one command pins. The device's Info.MaxBlock (the NBD
+	// maximum payload, 32 MiB by default) lowers it. libiscsi's
+	// WriteSame16.Unmap writes and reads 65536 blocks in one command
+	// regardless of the advertised limit, hence not less than 32 MiB.
+	DefaultMaxTransfer = 32 << 20
 	// maxWriteSameBytes bounds WRITE SAME and one UNMAP descriptor
 	// (advertised as MAXIMUM WRITE SAME LENGTH and MAXIMUM UNMAP LBA
 	// COUNT): a pattern write that large is written in chunks, so only
 	// the time per command is bounded by it, not memory.
 	maxWriteSameBytes = 1 << 30
+	// maxUnmapBlocks caps MAXIMUM UNMAP LBA COUNT further (initiators and
+	// libiscsi's BlockLimits test treat more than 1M blocks as insane).
+	maxUnmapBlocks = 1 << 20
 	// maxUnmapDescriptors is MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
 	maxUnmapDescriptors = 256
 	// maxCompareAndWrite is MAXIMUM COMPARE AND WRITE LENGTH (blocks).

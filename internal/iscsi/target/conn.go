@@ -37,6 +37,7 @@ type conn struct {
 	tpgt uint16
 	rel  uint16 // relative target port identifier
 	rd   pdu.Reader
+	br   *bufio.Reader // rd's buffer: Buffered() feeds scsi.Task.More
 	bw   *bufio.Writer
 
 	// Writer queue. INVARIANT: items are written in queue order; only
@@ -65,7 +66,8 @@ const queueLimit = 256
 
 func newConn(s *Server, nc net.Conn, tpgt, rel uint16) *conn {
 	c := &conn{s: s, nc: nc, tpgt: tpgt, rel: rel, bw: bufio.NewWriterSize(nc, 256<<10), wdone: make(chan struct{})}
-	c.rd = pdu.Reader{R: bufio.NewReaderSize(nc, 64<<10), MaxData: pdu.DefaultMaxRecvDataSegmentLength}
+	c.br = bufio.NewReaderSize(nc, 64<<10)
+	c.rd = pdu.Reader{R: c.br, MaxData: pdu.DefaultMaxRecvDataSegmentLength}
 	c.qcond.L = &c.qmu
 	c.space.L = &c.qmu
 	c.peerMax = pdu.DefaultMaxRecvDataSegmentLength

@@ -501,8 +501,12 @@ func (ss *session) execute(t *task) {
 	t.executing = true
 	ss.mu.Unlock()
 	ss.s.bytesWritten.Add(uint64(len(t.buf)))
+	// More: another PDU is already buffered (likely the next command),
+	// the engine's write-gathering hint, as on the NBD path. Only the
+	// reader goroutine calls execute, so reading br is safe.
 	st := &scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
-		DataOut: t.buf, ExpectedOut: t.expOut, ExpectedIn: t.expIn}
+		DataOut: t.buf, ExpectedOut: t.expOut, ExpectedIn: t.expIn,
+		More: ss.c.br.Buffered() >= pdu.BHSLen}
 	ss.target.LUs.Execute(st, func(r *scsi.Result) { ss.complete(t, r) })
 }
 

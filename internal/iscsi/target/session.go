@@ -612,9 +612,14 @@ func (ss *session) taskMgmt(h *pdu.TaskMgmtRequest, f pdu.Frame) error {
 		t := ss.tasks[h.ReferencedTaskTag]
 		ss.mu.Unlock()
 		if t == nil || t.lun != lun {
-			// Not found: completed already (RefCmdSN below ExpCmdSN) or
-			// never received (RFC 7143 11.5.1).
-			if t == nil && pdu.SNLess(h.RefCmdSN, ss.expCmdSN.Load()) {
+			// Not found (RFC 7143 11.5.1): a RefCmdSN inside the window
+			// and below the TMF's own CmdSN names a command not received
+			// yet, which the target considers received and answers
+			// "function complete"; otherwise (the task completed, so its
+			// CmdSN is below ExpCmdSN, or never existed) "task does not
+			// exist".
+			exp, mx := ss.window()
+			if t == nil && pdu.SNInWindow(h.RefCmdSN, exp, mx) && pdu.SNLess(h.RefCmdSN, h.CmdSN) {
 				respond(pdu.TMFFunctionComplete, nil)
 			} else {
 				respond(pdu.TMFTaskDoesNotExist, nil)

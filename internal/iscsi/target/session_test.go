@@ -391,6 +391,18 @@ func TestAbortTask(t *testing.T) {
 	if tm, _ := expect[*pdu.TaskMgmtResponse](i); tm.ITT != 9 || tm.Response != pdu.TMFTaskDoesNotExist {
 		t.Fatalf("TMF response %+v", tm)
 	}
+	// ABORT TASK for a task that has completed (its response was sent):
+	// "task does not exist" (RefCmdSN is below ExpCmdSN, outside the
+	// window), as libiscsi's iSCSITMF.AbortTaskSimpleAsync expects.
+	i.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 12, ExpectedDataTransferLength: 512, CmdSN: i.cmdSN, CDB: readCDB(0, 1)}, nil)
+	i.cmdSN++
+	if di, _ := expect[*pdu.DataIn](i); di.ITT != 12 {
+		t.Fatalf("Data-In for ITT %d", di.ITT)
+	}
+	i.send(&pdu.TaskMgmtRequest{Immediate: true, Function: pdu.TMFAbortTask, ITT: 13, ReferencedTaskTag: 12, CmdSN: i.cmdSN, RefCmdSN: i.cmdSN - 1}, nil)
+	if tm, _ := expect[*pdu.TaskMgmtResponse](i); tm.ITT != 13 || tm.Response != pdu.TMFTaskDoesNotExist {
+		t.Fatalf("abort of a completed task: %+v", tm)
+	}
 	// LUN RESET reaches the logical units.
 	i.send(&pdu.TaskMgmtRequest{Immediate: true, Function: pdu.TMFLogicalUnitReset, ITT: 10, CmdSN: i.cmdSN}, nil)
 	if tm, _ := expect[*pdu.TaskMgmtResponse](i); tm.ITT != 10 || tm.Response != pdu.TMFFunctionComplete || ts.lu.tmfs.Load() != 1 {

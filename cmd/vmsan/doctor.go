@@ -54,7 +54,7 @@ run, at most one a minute); --no-history neither reads nor writes it.`,
 					if v.Replication == nil {
 						continue
 					}
-					r := v.Replication.WithDefaults()
+					r := v.Replication.Settings().WithDefaults()
 					o.Repl = append(o.Repl, doctor.Repl{
 						Volume: v.Name, Listen: r.Listen, Peer: r.Peer, Protocol: r.Protocol,
 						PingTimeout: time.Duration(r.PingTimeout), KoTimeout: time.Duration(r.KoTimeout),

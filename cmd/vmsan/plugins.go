@@ -12,10 +12,11 @@ var plugins = []daemon.PluginFactory{
 	driver.NewPlugin,
 }
 
-// volumeHooks keep plugins' per-volume state in step with volume deletion
-// and refuse resizes replication cannot follow, in the daemon and in
-// `vmsan volume` commands run without one.
+// volumeHooks refuse deletes and resizes replication cannot follow, in
+// the daemon and in `vmsan volume` commands run without one. (Plugins'
+// per-volume state is in the volume's state directory: deleting the volume
+// deletes it, no hook needed.)
 var volumeHooks = daemon.VolumeHooks{
-	Delete: []daemon.DeleteHooks{driver.DeleteHooks},
+	Delete: []daemon.DeleteCheck{driver.DeleteCheck},
 	Resize: []daemon.ResizeCheck{driver.ResizeCheck},
 }

@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/repl/driver"
+	"github.com/vmsan/vmsan/internal/replset"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -32,6 +34,12 @@ See docs/replication.md for protocols, states and split brain.`,
 
 	var s driver.Settings
 	var rate, minRate string
+	// The flags count time in ticks of --tick-ms (as they always have);
+	// their defaults are replset's, in ticks of its default tick, and
+	// RunE turns them into the settings' durations.
+	def := replset.Defaults()
+	defTicks := def.Ticks()
+	var tickMs, pingInterval, pingTimeout, koTicks, alTicks int
 	configure := &cobra.Command{
 		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT [--role primary|secondary] [--protocol A|B|C]",
 		Short: "Write a volume's replication settings (read by vmsan serve at start)",
@@ -51,6 +59,13 @@ See docs/replication.md for protocols, states and split brain.`,
 				}
 				s.ResyncMinRate = n
 			}
+			tick := defTicks.Tick // --tick-ms 0 (or less): the default, as before
+			if tickMs > 0 {
+				tick = time.Duration(tickMs) * time.Millisecond
+			}
+			inTicks := func(n int) replset.Duration { return replset.Duration(time.Duration(n) * tick) }
+			s.Tick = replset.Duration(tick)
+			s.PingInterval, s.PingTimeout, s.KoTimeout, s.ALRetire = inTicks(pingInterval), inTicks(pingTimeout), inTicks(koTicks), inTicks(alTicks)
 			out, err := driver.Configure(dataDir, args[0], s)
 			if err != nil {
 				return err
@@ -63,15 +78,15 @@ See docs/replication.md for protocols, states and split brain.`,
 	f := configure.Flags()
 	f.StringVar(&s.Listen, "listen", "", "this node's replication address for the volume")
 	f.StringVar(&s.Peer, "peer", "", "the peer's replication address")
-	f.StringVar(&s.Protocol, "protocol", "C", "A (async), B (peer received) or C (peer durable)")
-	f.StringVar(&s.Role, "role", "secondary", "role at first start: primary or secondary")
-	f.StringVar(&s.Dial, "dial", "auto", "auto (the lower listen address dials), yes or no; set when --peer is a proxy")
-	f.StringVar(&s.SplitBrain, "split-brain", "disconnect", "disconnect, discard-zero-changes, discard-younger-primary or discard-least-changes")
-	f.IntVar(&s.TickMillis, "tick-ms", 100, "tick length in ms (ping interval/timeout and ko are in ticks)")
-	f.IntVar(&s.PingInterval, "ping-interval", 10, "ticks between pings")
-	f.IntVar(&s.PingTimeout, "ping-timeout", 60, "ticks without hearing from the peer before disconnecting")
-	f.IntVar(&s.KoTicks, "ko-ticks", 100, "ticks a replicated write may stay unacknowledged before the peer is dropped")
-	f.IntVar(&s.ALRetireTicks, "al-retire-ticks", 50, "ticks an activity-log extent stays hot after its last write")
+	f.StringVar(&s.Protocol, "protocol", def.Protocol, "A (async), B (peer received) or C (peer durable)")
+	f.StringVar(&s.Role, "role", def.Role, "role at first start: primary or secondary")
+	f.StringVar(&s.Dial, "dial", def.Dial, "auto (the lower listen address dials), yes or no; set when --peer is a proxy")
+	f.StringVar(&s.SplitBrain, "split-brain", def.SplitBrain, "disconnect, discard-zero-changes, discard-younger-primary or discard-least-changes")
+	f.IntVar(&tickMs, "tick-ms", int(defTicks.Tick/time.Millisecond), "tick length in ms (ping interval/timeout and ko are in ticks)")
+	f.IntVar(&pingInterval, "ping-interval", defTicks.PingInterval, "ticks between pings")
+	f.IntVar(&pingTimeout, "ping-timeout", defTicks.PingTimeout, "ticks without hearing from the peer before disconnecting")
+	f.IntVar(&koTicks, "ko-ticks", defTicks.KoTicks, "ticks a replicated write may stay unacknowledged before the peer is dropped")
+	f.IntVar(&alTicks, "al-retire-ticks", defTicks.ALRetireTicks, "ticks an activity-log extent stays hot after its last write")
 	f.StringVar(&rate, "resync-rate", "", "resync bandwidth per second (e.g. 100M; empty: unlimited)")
 	f.StringVar(&minRate, "resync-min-rate", "", "with --resync-rate: dynamic control, resync gets the rate minus application writes but at least this")
 	f.BoolVar(&s.Checksum, "checksum-resync", false, "send hashes first and data only where they differ")

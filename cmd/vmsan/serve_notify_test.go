@@ -20,7 +20,8 @@ import (
 // TestServeSdNotify runs the real binary the way a Type=notify unit does:
 // NOTIFY_SOCKET set (an abstract name, as systemd uses for some managers).
 // READY=1 must arrive, and once it has, an NBD client must get through;
-// SIGTERM must produce STOPPING=1 and a clean exit.
+// SIGHUP must be framed by RELOADING=1 and READY=1; SIGTERM must produce
+// STOPPING=1 and a clean exit.
 func TestServeSdNotify(t *testing.T) {
 	bin, cleanup, err := testutil.BuildVmsan()
 	if err != nil {
@@ -80,6 +81,16 @@ func TestServeSdNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
+
+	// SIGHUP: RELOADING=1 with MONOTONIC_USEC, then READY=1 once applied
+	// (what systemd's Type=notify-reload waits for; 252 ignores them).
+	cmd.Process.Signal(syscall.SIGHUP)
+	if got := recv(); !strings.HasPrefix(got, "RELOADING=1\nMONOTONIC_USEC=") {
+		t.Fatalf("after SIGHUP got %q, want RELOADING=1 with MONOTONIC_USEC", got)
+	}
+	if got := recv(); !strings.HasPrefix(got, "READY=1") {
+		t.Fatalf("after the reload got %q, want READY=1", got)
+	}
 
 	cmd.Process.Signal(syscall.SIGTERM)
 	if got := recv(); !strings.HasPrefix(got, "STOPPING=1") {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -24,8 +25,19 @@ func init() {
 	vc.PersistentFlags().BoolVar(&asJSON, "json", false, "print JSON")
 
 	// withOps opens the data dir (via the daemon's control socket when one
-	// is running) for the duration of fn.
+	// is running) for the duration of fn. It must exist: a typo'd
+	// --data-dir is an error, not a new empty directory.
 	withOps := func(fn func(daemon.VolumeOps) error) error {
+		ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
+		if err != nil {
+			return err
+		}
+		defer ops.Close()
+		return fn(ops)
+	}
+	// withOpsCreate is withOps for commands that create volumes, which
+	// create the data directory when there is none.
+	withOpsCreate := func(fn func(daemon.VolumeOps) error) error {
 		ops, _, err := daemon.OpenVolumeOps(dataDir, volumeHooks)
 		if err != nil {
 			return err
@@ -59,7 +71,7 @@ func init() {
 			if err != nil {
 				return err
 			}
-			return withOps(func(ops daemon.VolumeOps) error {
+			return withOpsCreate(func(ops daemon.VolumeOps) error {
 				vi, err := ops.Create(volume.CreateOptions{Name: args[0], Size: n, Cache: mode, Rotational: rotational,
 					ReadOnly: readOnly, Description: desc, LogicalBlockSize: blockSize})
 				if err != nil {
@@ -116,15 +128,31 @@ func init() {
 	}
 	var force bool
 	resize := &cobra.Command{
-		Use:   "resize NAME SIZE",
+		Use:   "resize NAME [+|-]SIZE",
 		Short: "Grow a volume online (clients see it on reconnect); shrinking needs --force",
-		Args:  cobra.ExactArgs(2),
+		Long: `Resize a volume to SIZE, or by SIZE: "+10G" grows it by 10 GiB, "-- -1G"
+shrinks it by 1 GiB (the "--" keeps "-1G" from being read as a flag;
+shrinking destroys the data past the new end and needs --force).
+
+NBD has no resize notification: a running QEMU guest sees the new size
+after "block_resize DRIVE SIZE" in the QEMU monitor (or QMP block_resize),
+see docs/volumes.md.`,
+		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			n, err := volume.ParseSize(args[1])
-			if err != nil {
-				return err
-			}
 			return withOps(func(ops daemon.VolumeOps) error {
+				cur := int64(0)
+				if s := strings.TrimSpace(args[1]); s != "" && (s[0] == '+' || s[0] == '-') {
+					// Relative: to the size the volume has now.
+					vi, err := ops.Info(args[0])
+					if err != nil {
+						return err
+					}
+					cur = vi.Size
+				}
+				n, err := volume.ParseResize(args[1], cur)
+				if err != nil {
+					return err
+				}
 				vi, err := ops.Resize(args[0], n, force)
 				if err != nil {
 					return err
@@ -223,7 +251,7 @@ the data directory directly, so the daemon must be stopped.`,
 			if len(modes) != 1 {
 				return fmt.Errorf("give exactly one of --recreate, --use-file-size, --use-metadata-size, --new-identity")
 			}
-			s, err := volume.Open(dataDir)
+			s, err := volume.OpenExisting(dataDir)
 			if err != nil {
 				if errors.Is(err, volume.ErrLocked) {
 					return fmt.Errorf("%w: repair is offline, stop vmsan serve first", err)

@@ -8,8 +8,9 @@
 //	// ... apply command-line flags to cfg fields ...
 //	err = cfg.Validate()
 //
-// Example file (every key is optional; unknown keys are errors, reported
-// with their line number):
+// Example file (every key is optional; unknown keys and values of the
+// wrong kind are errors in the file's words, with the line and a "did you
+// mean" for a typo: see yamlerr.go):
 //
 //	data_dir: /var/lib/vmsan
 //	listen: ["0.0.0.0:10809", "unix:/run/vmsan/nbd.sock"]
@@ -39,7 +40,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -47,7 +47,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
-	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/replset"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -155,8 +155,10 @@ type Volume struct {
 	Replication *Replication `yaml:"replication,omitempty"`
 }
 
-// Replication configures a volume's replication to one peer node. Listen
-// and Peer are required; everything else has the defaults shown.
+// Replication configures a volume's replication to one peer node: the
+// configuration file's form of replset.Settings (sizes and durations as
+// this file writes them; Settings converts). Listen and Peer are
+// required; everything else has the defaults shown (replset.Defaults).
 //
 //	replication:
 //	  listen: 10.0.0.1:7789         # this node's replication address
@@ -185,103 +187,30 @@ type Replication struct {
 	Checksum      bool     `yaml:"checksum_resync,omitempty"`
 }
 
-// Replication defaults (DRBD's are similar: ping-int 10 s, ping-timeout
-// 0.5 s, ko-count 7 × timeout 6 s; ours favour detecting a dead peer
-// within seconds on a LAN).
-const (
-	DefaultPingInterval = time.Second
-	DefaultPingTimeout  = 6 * time.Second
-	DefaultKoTimeout    = 10 * time.Second
-)
-
-// WithDefaults returns r with zero fields set to their defaults.
-func (r Replication) WithDefaults() Replication {
-	if r.Role == "" {
-		r.Role = "secondary"
+// Settings converts the section to the replication settings type (the
+// protocol name upper-cased); zero fields stay zero and mean replset's
+// defaults (replset.Defaults: one set of them).
+func (r Replication) Settings() replset.Settings {
+	return replset.Settings{
+		Listen: r.Listen, Peer: r.Peer, Role: r.Role, Protocol: strings.ToUpper(r.Protocol),
+		Dial: r.Dial, SplitBrain: r.SplitBrain,
+		PingInterval:  replset.Duration(r.PingInterval),
+		PingTimeout:   replset.Duration(r.PingTimeout),
+		KoTimeout:     replset.Duration(r.KoTimeout),
+		ResyncRate:    int64(r.ResyncRate),
+		ResyncMinRate: int64(r.ResyncMinRate),
+		Checksum:      r.Checksum,
 	}
-	if r.Protocol == "" {
-		r.Protocol = "C"
-	}
-	if r.Dial == "" {
-		r.Dial = "auto"
-	}
-	if r.PingInterval == 0 {
-		r.PingInterval = Duration(DefaultPingInterval)
-	}
-	if r.PingTimeout == 0 {
-		r.PingTimeout = Duration(DefaultPingTimeout)
-	}
-	if r.KoTimeout == 0 {
-		r.KoTimeout = Duration(DefaultKoTimeout)
-	}
-	if r.SplitBrain == "" {
-		r.SplitBrain = "disconnect"
-	}
-	return r
 }
 
-// validate returns one message per problem, each prefixed with where.
+// validate returns one message per problem, each prefixed with where
+// (replset.Settings.Problems has the rules).
 func (r Replication) validate(where string) []string {
 	var errs []string
-	add := func(f string, a ...any) { errs = append(errs, where+"."+fmt.Sprintf(f, a...)) }
-	r = r.WithDefaults()
-	for _, a := range []struct{ key, v string }{{"listen", r.Listen}, {"peer", r.Peer}} {
-		if a.v == "" {
-			add("%s: required (HOST:PORT)", a.key)
-		} else if err := validateHostPort(a.v); err != nil {
-			add("%s %q: %v", a.key, a.v, err)
-		}
-	}
-	if r.Listen != "" && r.Listen == r.Peer {
-		add("peer %q: must differ from listen", r.Peer)
-	}
-	switch r.Role {
-	case "primary", "secondary":
-	default:
-		add("role %q: want primary or secondary", r.Role)
-	}
-	if _, err := repl.ParseProtocol(r.Protocol); err != nil {
-		add("protocol %q: want A, B or C", r.Protocol)
-	}
-	switch r.Dial {
-	case "auto", "yes", "no":
-	default:
-		add("dial %q: want auto, yes or no", r.Dial)
-	}
-	if _, err := repl.ParseSplitBrainPolicy(r.SplitBrain); err != nil {
-		add("split_brain_policy %q: want disconnect, discard-zero-changes, discard-younger-primary or discard-least-changes", r.SplitBrain)
-	}
-	pi, pt, ko := time.Duration(r.PingInterval), time.Duration(r.PingTimeout), time.Duration(r.KoTimeout)
-	if pi < 10*time.Millisecond || pi > time.Minute {
-		add("ping_interval %v: want 10ms..1m", pi)
-	}
-	if pt <= pi || pt > 10*time.Minute {
-		add("ping_timeout %v: want more than ping_interval (%v) and at most 10m", pt, pi)
-	}
-	if ko < 10*time.Millisecond || ko > time.Hour {
-		add("ko_timeout %v: want 10ms..1h", ko)
-	}
-	if r.ResyncRate < 0 || r.ResyncMinRate < 0 {
-		add("resync_rate/resync_min_rate: must not be negative")
-	}
-	if r.ResyncMinRate > 0 && (r.ResyncRate == 0 || r.ResyncMinRate > r.ResyncRate) {
-		add("resync_min_rate %d: needs resync_rate set and at least as large", r.ResyncMinRate)
+	for _, p := range r.Settings().Problems() {
+		errs = append(errs, where+"."+p)
 	}
 	return errs
-}
-
-// validateHostPort checks a TCP HOST:PORT with a numeric port 1..65535
-// (the peer must be able to dial it, so port 0 is refused).
-func validateHostPort(a string) error {
-	_, port, err := net.SplitHostPort(a)
-	if err != nil {
-		return fmt.Errorf("want HOST:PORT: %v", err)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q: want 1..65535", port)
-	}
-	return nil
 }
 
 // Config is the whole daemon configuration.
@@ -329,6 +258,10 @@ func Load(path string) (Config, error) {
 		return Config{}, fmt.Errorf("config %s: larger than %d bytes", path, maxConfigBytes)
 	}
 	cfg, err := decode(b)
+	if fe, ok := err.(*FileErrors); ok {
+		fe.File = path // "vmsan.yaml:12: unknown key ..."
+		return Config{}, fe
+	}
 	if err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -379,6 +312,11 @@ func Parse(b []byte) (Config, error) {
 func decode(b []byte) (Config, error) {
 	cfg := Default()
 	cfg.DataDir = ""
+	// Unknown keys and values of the wrong kind, in the file's words
+	// (yamlerr.go); the decoder's own messages name Go types.
+	if err := checkYAML(b); err != nil {
+		return Config{}, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true) // a typo in a key must not be silently ignored
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {

@@ -72,7 +72,7 @@ func TestParseEmptyIsDefault(t *testing.T) {
 
 func TestParseErrors(t *testing.T) {
 	cases := []struct{ yaml, want string }{
-		{"data_dri: /x\n", "line 1: field data_dri not found"},
+		{"data_dri: /x\n", `line 1: unknown key "data_dri" (did you mean "data_dir"?)`},
 		{"listen: [\"nohost\"]\n", `listen "nohost"`},
 		{"listen: [\"unix:\"]\n", "empty socket path"},
 		{"tls: {mode: always}\n", "tls.mode"},
@@ -84,12 +84,12 @@ func TestParseErrors(t *testing.T) {
 		{"volumes:\n  - name: a\n    size: 1001\n", "not a multiple"},
 		{"volumes:\n  - name: a\n    size: 10Q\n", "line 3"},
 		{"volumes:\n  - name: a\n    size: 1G\n    cache: sometimes\n", "cache"},
-		{"volumes:\n  - name: a\n    size: 1G\n    colour: red\n", "line 4: field colour not found"},
+		{"volumes:\n  - name: a\n    size: 1G\n    colour: red\n", `line 4: unknown key "colour" in section "volumes"`},
 		{"engine: {workers: -1}\n", "engine.workers"},
 		{"engine: {gather_delay: 5s}\n", "gather_delay"},
 		{"max_payload: 1\n", "max_payload"},
 		{"metrics_listen: nope\n", "metrics_listen"},
-		{"listen: 5\n", "cannot unmarshal"},
+		{"listen: 5\n", `line 1: "listen" must be a list`},
 	}
 	for _, c := range cases {
 		_, err := Parse([]byte(c.yaml))

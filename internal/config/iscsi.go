@@ -100,11 +100,24 @@ func ParseISCSIPortal(s string) (ISCSIPortal, error) {
 	return p, p.validate()
 }
 
+// validatePortalAddr checks HOST:PORT with a numeric port 1..65535.
+func validatePortalAddr(a string) error {
+	_, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q: want 1..65535", port)
+	}
+	return nil
+}
+
 func (p ISCSIPortal) validate() error {
 	if strings.HasPrefix(p.Addr, "unix:") {
 		return fmt.Errorf("iscsi listen %q: iSCSI listens on TCP only", p.Addr)
 	}
-	if err := validateHostPort(p.Addr); err != nil {
+	if err := validatePortalAddr(p.Addr); err != nil {
 		return fmt.Errorf("iscsi listen %q: %v", p.Addr, err)
 	}
 	return nil

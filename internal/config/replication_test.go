@@ -37,11 +37,14 @@ volumes:
 		r.SplitBrain != "discard-younger-primary" || !r.Checksum {
 		t.Fatalf("parsed %+v", r)
 	}
-	d := c.Volumes[1].Replication.WithDefaults()
+	d := c.Volumes[1].Replication.Settings().WithDefaults()
 	if d.Role != "secondary" || d.Protocol != "C" || d.Dial != "auto" || d.SplitBrain != "disconnect" ||
-		time.Duration(d.PingInterval) != DefaultPingInterval || time.Duration(d.PingTimeout) != DefaultPingTimeout ||
-		time.Duration(d.KoTimeout) != DefaultKoTimeout {
+		time.Duration(d.PingInterval) != time.Second || time.Duration(d.PingTimeout) != 6*time.Second ||
+		time.Duration(d.KoTimeout) != 10*time.Second {
 		t.Fatalf("defaults %+v", d)
+	}
+	if s := c.Volumes[0].Replication.Settings(); s.Protocol != "A" || time.Duration(s.PingTimeout) != 3*time.Second || s.ResyncMinRate != 10<<20 {
+		t.Fatalf("converted %+v", s)
 	}
 	if c.Volumes[1].Replication.Protocol != "" {
 		t.Fatal("defaults must not be written back into the parsed config")

@@ -19,6 +19,7 @@ import (
 //	POST   /v1/volumes/{name}/resize      ResizeRequest -> VolumeInfo
 //	POST   /v1/volumes/{name}/settings    Settings -> VolumeInfo
 //	DELETE /v1/volumes/{name}?force=true  204
+//	GET    /v1/events?now=&format=json    a stream of event lines (events.go)
 //
 // Errors are APIError bodies with a stable Code, which the Client maps back
 // to the volume package's sentinel errors so errors.Is works across the

@@ -30,6 +30,10 @@ type Client struct {
 // or a stale one from a killed daemon).
 func Dial(dataDir string) (*Client, error) {
 	p := filepath.Join(dataDir, ControlSocketName)
+	if !volume.DataDirExists(dataDir) {
+		// Say what is really wrong (a typo'd --data-dir, most likely).
+		return nil, fmt.Errorf("%w: %w", ErrNoDaemon, volume.NoDataDirError(dataDir))
+	}
 	c, err := dialUnix("unix", p, func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, 2*time.Second) })
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v)", ErrNoDaemon, err)
@@ -165,6 +169,16 @@ type VolumeOps interface {
 	Close() error
 }
 
+// OpenExistingVolumeOps is OpenVolumeOps for commands that must not create
+// a data directory (everything but creating a volume): a directory that
+// does not exist is an error wrapping volume.ErrNoDataDir.
+func OpenExistingVolumeOps(dataDir string, hooks ...VolumeHooks) (ops VolumeOps, viaDaemon bool, err error) {
+	if !volume.DataDirExists(dataDir) {
+		return nil, false, volume.NoDataDirError(dataDir)
+	}
+	return OpenVolumeOps(dataDir, hooks...)
+}
+
 // OpenVolumeOps returns VolumeOps for dataDir: through the running daemon
 // when its control socket answers (so resize/delete respect live exports),
 // otherwise directly on the directory (taking its lock, so a daemon cannot
@@ -237,14 +251,10 @@ func (o directOps) Delete(name string, force bool) error {
 	if _, err := o.s.Get(name); err != nil {
 		return err
 	}
-	if err := checkDeleteHooks(o.hooks.Delete, o.s.Dir(), name, force); err != nil {
+	if err := checkDelete(o.hooks.Delete, o.s.Dir(), name, force); err != nil {
 		return err
 	}
-	if err := o.s.Delete(name, force); err != nil {
-		return err
-	}
-	runDeletedHooks(o.hooks.Delete, o.s.Dir(), name)
-	return nil
+	return o.s.Delete(name, force)
 }
 
 func (o directOps) Close() error { return o.s.Close() }

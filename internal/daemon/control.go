@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -45,6 +46,7 @@ func (d *Daemon) startControl() error {
 	mux.HandleFunc("POST /v1/volumes/{name}/resize", d.hResize)
 	mux.HandleFunc("POST /v1/volumes/{name}/settings", d.hSettings)
 	mux.HandleFunc("DELETE /v1/volumes/{name}", d.hDelete)
+	mux.HandleFunc("GET /v1/events", d.hEvents)
 	// Metrics are also on the control socket, so they are available without
 	// opening a TCP port: curl --unix-socket DATA_DIR/control.sock http://x/metrics
 	mux.Handle("GET /metrics", metrics.Handler(metricsSource{d}))
@@ -53,6 +55,7 @@ func (d *Daemon) startControl() error {
 	}
 	d.ctlMux = mux
 	d.ctlSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	d.ctlSrv.RegisterOnShutdown(func() { close(d.eventsStop) })
 	return nil
 }
 
@@ -159,6 +162,7 @@ func (d *Daemon) CreateVolume(o volume.CreateOptions) (VolumeInfo, error) {
 	}
 	d.publish(func(mm map[string]*volrt.Volume) { mm[m.Name] = v })
 	d.log.Info("volume created", "volume", m.Name, "size", m.Size)
+	d.publishVolume(events.Create, m)
 	return d.info(m), nil
 }
 
@@ -194,6 +198,7 @@ func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, 
 		return VolumeInfo{}, err
 	}
 	d.log.Info("volume resized", "volume", name, "size", size)
+	d.publishVolume(events.Change, m)
 	return d.info(m), nil
 }
 
@@ -239,6 +244,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		}
 		d.publish(func(mm map[string]*volrt.Volume) { mm[name] = nv })
 		d.log.Info("volume opened after settings change", "volume", name)
+		d.publishVolume(events.Change, m)
 		return d.info(m), nil
 	}
 	if old.BeginDelete() { // same handshake with registry.Open as DeleteVolume
@@ -275,6 +281,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 	}
 	d.publish(func(mm map[string]*volrt.Volume) { mm[name] = nv })
 	d.log.Info("volume settings changed", "volume", name, "cache", m.Cache, "rotational", m.Rotational, "read_only", m.ReadOnly)
+	d.publishVolume(events.Change, m)
 	return d.info(m), nil
 }
 
@@ -300,7 +307,7 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 	defer d.mu.Unlock()
 	v := (*d.vols.Load())[name]
 	if v != nil {
-		if err := checkDeleteHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
+		if err := checkDelete(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
 			return err
 		}
 		v.BeginDelete() // see volrt.Volume.Acquire's INVARIANT
@@ -316,14 +323,19 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 		v.MarkGone()
 	}
 	// Plugins let go of the volume (their references keep it open until
-	// then), then per-volume state on disk goes.
+	// then). The store removed the volume's state directory, but a plugin
+	// still running (a replica persisting its generations) may have
+	// written into it again: once they stopped, that goes too.
 	for _, p := range d.plugins {
 		if pd, ok := p.(VolumeDeleter); ok {
 			pd.VolumeDeleted(name)
 		}
 	}
-	runDeletedHooks(d.opts.Hooks.Delete, d.cfg.DataDir, name)
+	if err := d.store.RemoveStateDebris(name); err != nil {
+		d.log.Warn("deleted volume: state directory not removed (the volume's next create removes it)", "volume", name, "err", err)
+	}
 	d.log.Info("volume deleted", "volume", name, "force", force)
+	d.events.Publish(events.New(events.Destroy, events.Volume, "name", name))
 	return nil
 }
 

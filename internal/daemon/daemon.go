@@ -53,6 +53,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -75,9 +76,9 @@ type Options struct {
 	// serve` passes replication's here (cmd/vmsan/plugins.go). A daemon
 	// built without them has none: there is no global registration.
 	Plugins []PluginFactory
-	// Hooks keep plugins' per-volume state consistent with volume deletion
-	// and refuse resizes they cannot follow (pass the same ones to
-	// OpenVolumeOps).
+	// Hooks refuse deletes and resizes plugins cannot follow (pass the
+	// same ones to OpenVolumeOps). Plugins' per-volume state lives in the
+	// volume's state directory and goes with the volume: no hook removes it.
 	Hooks VolumeHooks
 }
 
@@ -86,7 +87,7 @@ type Options struct {
 // passed explicitly (Options.Hooks, OpenVolumeOps), never registered
 // globally.
 type VolumeHooks struct {
-	Delete []DeleteHooks
+	Delete []DeleteCheck
 	Resize []ResizeCheck
 }
 
@@ -122,6 +123,13 @@ type Daemon struct {
 
 	statusMu sync.Mutex
 	statusFn map[string]func() any
+	eventSrc []func() []events.Event // under statusMu
+
+	// events carries volume, client and replication events to `vmsan
+	// events` subscribers (events.go); eventsStop ends their streams at
+	// shutdown (an HTTP server's Shutdown waits for handlers).
+	events     *events.Bus
+	eventsStop chan struct{}
 
 	serveErr chan error
 	closed   atomic.Bool
@@ -160,38 +168,26 @@ type Plugin interface {
 
 // VolumeDeleter is implemented by plugins that hold a volume open or keep
 // live per-volume state: VolumeDeleted runs after a (forced) delete
-// removed the volume, to stop using it. It runs before the DeleteHooks'
-// Deleted, which remove on-disk state.
+// removed the volume (and its state directory), to stop using it; the
+// daemon then removes whatever the plugin wrote into the state directory
+// before it stopped (volume.Store.RemoveStateDebris).
 type VolumeDeleter interface {
 	VolumeDeleted(name string)
 }
 
-// DeleteHooks keep other subsystems' per-volume state (replication's
-// <data_dir>/repl/<volume>) consistent with volume deletion, with or
-// without a running daemon. Check may refuse a delete with a clear error
-// (it sees force); Deleted runs once the volume is gone.
-type DeleteHooks struct {
-	Check   func(dataDir, name string, force bool) error
-	Deleted func(dataDir, name string)
-}
+// DeleteCheck may refuse deleting a volume with a clear error (it sees
+// force), with or without a running daemon: replication refuses a
+// replicated volume without force, because its state (in the volume's
+// state directory) goes with it.
+type DeleteCheck func(dataDir, name string, force bool) error
 
-func checkDeleteHooks(deleteHooks []DeleteHooks, dataDir, name string, force bool) error {
-	for _, h := range deleteHooks {
-		if h.Check != nil {
-			if err := h.Check(dataDir, name, force); err != nil {
-				return err
-			}
+func checkDelete(checks []DeleteCheck, dataDir, name string, force bool) error {
+	for _, c := range checks {
+		if err := c(dataDir, name, force); err != nil {
+			return err
 		}
 	}
 	return nil
-}
-
-func runDeletedHooks(deleteHooks []DeleteHooks, dataDir, name string) {
-	for _, h := range deleteHooks {
-		if h.Deleted != nil {
-			h.Deleted(dataDir, name)
-		}
-	}
 }
 
 // ResizeCheck may refuse resizing a volume (to size bytes) with a clear
@@ -261,7 +257,8 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		level.Set(logLevel(cfg.LogLevel))
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
-	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8)}
+	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8),
+		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
 	defer func() {

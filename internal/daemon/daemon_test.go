@@ -56,6 +56,12 @@ func (r *running) url(e string) string { return "nbd://" + r.tcp() + "/" + e }
 // in dir; mutate adjusts the configuration first.
 func start(t *testing.T, dir string, mutate func(*config.Config)) *running {
 	t.Helper()
+	return startOpts(t, dir, mutate, nil)
+}
+
+// startOpts is start with opts adjusting the daemon's Options.
+func startOpts(t *testing.T, dir string, mutate func(*config.Config), opts func(*Options)) *running {
+	t.Helper()
 	cfg := config.Default()
 	cfg.DataDir = dir
 	cfg.Listen = []string{"127.0.0.1:0", "unix:" + filepath.Join(dir, "nbd.sock")}
@@ -64,7 +70,11 @@ func start(t *testing.T, dir string, mutate func(*config.Config)) *running {
 		mutate(&cfg)
 	}
 	out := &syncBuffer{}
-	d, err := New(cfg, Options{Out: out, ShutdownTimeout: 20 * time.Second})
+	o := Options{Out: out, ShutdownTimeout: 20 * time.Second}
+	if opts != nil {
+		opts(&o)
+	}
+	d, err := New(cfg, o)
 	if err != nil {
 		t.Fatal(err)
 	}

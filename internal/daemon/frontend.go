@@ -35,6 +35,8 @@ type FrontEnd interface {
 
 // frontEndFactories builds the daemon's front ends, in banner order. A
 // front end is added with one line here (and its factory, next to nbd.go).
+// A factory takes its client tracker from d.newSessions, which gives every
+// front end the connect/disconnect log lines and client events.
 // Factories run in New once the volumes are open and TLS is loaded,
 // before the control socket and plugins start; they bind their listeners
 // but serve nothing until Serve.
@@ -64,4 +66,13 @@ func (d *Daemon) clients() map[string][]volrt.Session {
 		}
 	}
 	return out
+}
+
+// newSessions is the client tracker for a front end: watched by the daemon
+// so that every client's connect and disconnect is logged (with address
+// and duration) and published as a client event (events.go).
+func (d *Daemon) newSessions(frontEnd string) *volrt.Sessions {
+	s := volrt.NewSessions(frontEnd)
+	s.Watch(d.sessionChanged)
+	return s
 }

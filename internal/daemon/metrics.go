@@ -2,13 +2,14 @@ package daemon
 
 import (
 	"fmt"
+	"html"
 	"net"
 	"net/http"
 	"sort"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/metrics"
-	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/version"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -19,12 +20,35 @@ func (d *Daemon) startMetrics() error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler(metricsSource{d}))
+	mux.HandleFunc("GET /{$}", d.metricsIndex)
 	if d.cfg.Pprof {
 		registerPprof(mux)
 	}
 	d.metricsLn = ln
 	d.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return nil
+}
+
+// metricsIndex answers GET / on the metrics listener with links to what it
+// serves, so a person pointing a browser at the port (or a load balancer
+// health check) gets a page rather than a 404. Other paths stay 404.
+func (d *Daemon) metricsIndex(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	fmt.Fprint(w, `<!DOCTYPE html>
+<html><head><title>vmsan</title></head>
+<body>
+<h1>vmsan</h1>
+<p>Version `+html.EscapeString(version.Get().Version)+`</p>
+<ul>
+<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
+`)
+	if d.cfg.Pprof {
+		fmt.Fprint(w, `<li><a href="/debug/pprof/">/debug/pprof/</a>: Go profiling</li>
+`)
+	}
+	fmt.Fprint(w, `</ul>
+</body></html>
+`)
 }
 
 // replMetricsFn supplies replication series (see SetReplicaMetrics).
@@ -63,13 +87,6 @@ func (s metricsSource) Volumes() []metrics.Volume {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
-}
-
-func (s metricsSource) ServerStats() (server.Stats, bool) {
-	if s.d.nbd == nil {
-		return server.Stats{}, false
-	}
-	return s.d.nbd.srv.Stats(), true
 }
 
 // FrontEnds implements metrics.FrontEndSource.

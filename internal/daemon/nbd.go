@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
@@ -39,7 +40,7 @@ func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 	if d.tls != nil {
 		tlsCfg = d.tls.base()
 	}
-	f := &nbdFrontEnd{d: d, sessions: volrt.NewSessions("nbd")}
+	f := &nbdFrontEnd{d: d, sessions: d.newSessions("nbd")}
 	f.srv = server.New(server.Config{
 		Registry:   registry{d},
 		TLSConfig:  tlsCfg,
@@ -124,9 +125,18 @@ func (f *nbdFrontEnd) Stats() volrt.FrontEndStats {
 		BytesWritten: st.BytesWritten,
 		Clients:      f.sessions.List(),
 		Detail:       st,
+
+		HandshakeFails: st.HandshakeFails,
+		TLSHandshakes:  st.TLSHandshakes,
+		ProtocolErrors: st.ProtocolErrors,
+		Panics:         st.Panics,
+		HoleChunks:     st.HoleChunks,
+		Inflight:       st.InflightRequests,
+		Commands:       make([]volrt.CommandCount, len(st.Requests)),
 	}
-	for _, n := range st.Requests {
+	for i, n := range st.Requests {
 		fs.Requests += n
+		fs.Commands[i] = volrt.CommandCount{Command: nbdCmdNames[i], Count: n}
 	}
 	for _, a := range f.addrs() {
 		if a.Network() == "unix" {
@@ -188,3 +198,12 @@ func (f *nbdFrontEnd) BannerLines() []string {
 	}
 	return out
 }
+
+// nbdCmdNames label server.Stats.Requests (indexed by proto.Cmd):
+// "NBD_CMD_WRITE_ZEROES" -> "write_zeroes", matching the engine's op label.
+var nbdCmdNames = func() (n [len(server.Stats{}.Requests)]string) {
+	for i := range n {
+		n[i] = strings.ToLower(strings.TrimPrefix(proto.Cmd(i).String(), "NBD_CMD_"))
+	}
+	return n
+}()

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/sdnotify"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -16,7 +17,9 @@ import (
 // serve passes SIGHUP), until ctx is done. load re-reads the configuration
 // the way start-up read it (config file, then command-line flags over it).
 // A configuration that fails to load or to apply is logged and the running
-// one kept: a reload never stops the daemon.
+// one kept: a reload never stops the daemon. Under systemd each reload is
+// framed by RELOADING=1 (with MONOTONIC_USEC) and READY=1, so `systemctl
+// reload` waits for it (Type=notify-reload) and status shows "reloading".
 func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load func() (config.Config, error)) {
 	for {
 		select {
@@ -24,12 +27,17 @@ func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load f
 			return
 		case s := <-sig:
 			d.log.Info("reloading configuration", "signal", fmt.Sprint(s))
+			sdnotify.Reloading("reloading configuration")
 			cfg, err := load()
 			if err == nil {
 				err = d.Reload(cfg)
 			}
 			if err != nil {
 				d.log.Error("reload rejected; keeping the running configuration", "err", err)
+				// Still serving (with the running configuration): READY.
+				sdnotify.Ready("serving; last reload rejected: " + err.Error())
+			} else {
+				sdnotify.Ready("serving")
 			}
 		}
 	}

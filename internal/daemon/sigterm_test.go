@@ -195,7 +195,7 @@ func TestCLI(t *testing.T) {
 		}
 	}
 	os.WriteFile(cf, []byte("data_dri: typo\n"), 0o644)
-	if out, err := exec.Command(bin, "serve", "--config", cf).CombinedOutput(); err == nil || !bytes.Contains(out, []byte("line 1: field data_dri not found")) {
+	if out, err := exec.Command(bin, "serve", "--config", cf).CombinedOutput(); err == nil || !bytes.Contains(out, []byte(cf+`:1: unknown key "data_dri" (did you mean "data_dir"?)`)) {
 		t.Errorf("config typo: err=%v\n%s", err, out)
 	}
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/repl/driver"
+	"github.com/vmsan/vmsan/internal/replset"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -360,7 +361,7 @@ func checkCases() []checkCase {
 				withPeer(x, 200*time.Millisecond)
 				wbVol(x)
 				err := driver.SaveSettings(driver.Dir(x.dataDir, "vm1"), driver.Settings{Listen: "10.0.0.1:7789", Peer: "10.0.0.2:7789",
-					NodeID: 1, PingTimeout: 600, KoTicks: 1000})
+					NodeID: 1, PingTimeout: replset.Duration(60 * time.Second), KoTimeout: replset.Duration(100 * time.Second)})
 				if err != nil {
 					x.t.Fatal(err)
 				}

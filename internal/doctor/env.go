@@ -119,51 +119,73 @@ func (e *env) loadVolumes() {
 	}
 }
 
-// loadRepl reads <data_dir>/repl/*/config.json. The tick-based settings
-// are converted to durations with the driver's defaults.
+// loadRepl reads every volume's replication settings (config.json in
+// driver.Dir, or in the old <data_dir>/repl/<volume> that the next
+// `vmsan serve` moves there; driver.DecodeSettings reads both the
+// duration and the older tick layout), with the settings' defaults.
 func (e *env) loadRepl() {
-	names, _ := filepath.Glob(filepath.Join(e.dir, "repl", "*", "config.json"))
-	sort.Strings(names)
-	for _, p := range names {
+	type found struct{ vol, path string }
+	var names []found
+	seen := map[string]bool{}
+	for _, v := range volume.StateVolumes(e.dir, filepath.Join("repl", "config.json")) {
+		names = append(names, found{v, filepath.Join(driver.Dir(e.dir, v), "config.json")})
+		seen[v] = true
+	}
+	old, _ := filepath.Glob(filepath.Join(e.dir, "repl", "*", "config.json"))
+	for _, p := range old {
+		if v := filepath.Base(filepath.Dir(p)); !seen[v] {
+			names = append(names, found{v, p})
+		}
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i].vol < names[j].vol })
+	for _, f := range names {
+		p := f.path
+		b, err := readFile(p)
 		var s driver.Settings
-		if err := readJSON(p, &s); err != nil {
-			e.volErrs = append(e.volErrs, fmt.Sprintf("repl/%s: %v", filepath.Base(filepath.Dir(p)), err))
+		if err == nil {
+			s, err = driver.DecodeSettings(b)
+		}
+		if err != nil {
+			e.volErrs = append(e.volErrs, fmt.Sprintf("replication settings of %s: %v", f.vol, err))
 			continue
 		}
-		tick := time.Duration(orInt(s.TickMillis, 100)) * time.Millisecond
+		s = s.WithDefaults()
 		e.repls = append(e.repls, Repl{
-			Volume:      filepath.Base(filepath.Dir(p)),
+			Volume:      f.vol,
 			Listen:      s.Listen,
 			Peer:        s.Peer,
-			Protocol:    orString(s.Protocol, "C"),
-			PingTimeout: time.Duration(orInt(s.PingTimeout, 60)) * tick,
-			KoTimeout:   time.Duration(orInt(s.KoTicks, 100)) * tick,
+			Protocol:    s.Protocol,
+			PingTimeout: time.Duration(s.PingTimeout),
+			KoTimeout:   time.Duration(s.KoTimeout),
 			ResyncRate:  s.ResyncRate,
 		})
 	}
 }
 
-func readJSON(p string, v any) error {
+// readFile reads a small metadata file, refusing one larger than
+// maxMetaSize.
+func readFile(p string) ([]byte, error) {
 	f, err := os.Open(p)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxMetaSize+1))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(b) > maxMetaSize {
-		return fmt.Errorf("larger than %d bytes", maxMetaSize)
+		return nil, fmt.Errorf("larger than %d bytes", maxMetaSize)
 	}
-	return json.Unmarshal(b, v)
+	return b, nil
 }
 
-func orInt(v, d int) int {
-	if v <= 0 {
-		return d
+func readJSON(p string, v any) error {
+	b, err := readFile(p)
+	if err != nil {
+		return err
 	}
-	return v
+	return json.Unmarshal(b, v)
 }
 
 func orString(v, d string) string {

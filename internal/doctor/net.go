@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/vmsan/vmsan/internal/replset"
 )
 
 // ifUse is a network interface and why it matters (which listener or
@@ -269,11 +271,12 @@ func (e *env) measure() *probe {
 	return &e.peerProbe
 }
 
-// Replication defaults of the driver (100 ms ticks: ping timeout 60
-// ticks, ko 100 ticks), used when no settings name the peer.
-const (
-	defPingTimeout = 6 * time.Second
-	defKoTimeout   = 10 * time.Second
+// Replication defaults (replset's: ping timeout 6 s, ko 10 s), used when
+// no settings name the peer.
+var (
+	defRepl        = replset.Defaults()
+	defPingTimeout = time.Duration(defRepl.PingTimeout)
+	defKoTimeout   = time.Duration(defRepl.KoTimeout)
 )
 
 // replFor returns the settings whose peer is addr, else the first
@@ -289,7 +292,7 @@ func (e *env) replFor(addr string) (Repl, string) {
 		if rp.KoTimeout <= 0 {
 			rp.KoTimeout = defKoTimeout
 		}
-		rp.Protocol = orString(rp.Protocol, "C")
+		rp.Protocol = orString(rp.Protocol, defRepl.Protocol)
 		return rp
 	}
 	for _, rp := range e.repls {

@@ -1,6 +1,7 @@
 package ioengine
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -214,6 +215,7 @@ type Engine struct {
 type statsState struct {
 	requests, backendOps       OpCounts
 	rejected, errors           uint64
+	noSpace                    uint64
 	bytesRead, bytesWritten    uint64
 	merged, held, inlined      uint64
 	gatherTimeouts             uint64
@@ -973,6 +975,9 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 		}
 		if it.err != nil {
 			e.st.errors++
+			if isNoSpace(it.err) {
+				e.st.noSpace++
+			}
 		}
 		for _, d := range it.dependents {
 			d.deps--
@@ -1032,6 +1037,12 @@ func (e *Engine) Do(r *Request) error {
 func doDone(r *Request) { r.Ctx.(chan struct{}) <- struct{}{} }
 
 // Stats returns a snapshot of the counters.
+// isNoSpace: the host filesystem is full (or the quota spent), the error
+// thin provisioning turns into and an operator must hear about at once.
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
 func (e *Engine) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -1041,6 +1052,7 @@ func (e *Engine) Stats() Stats {
 		Rejected:       s.rejected,
 		BackendOps:     s.backendOps,
 		Errors:         s.errors,
+		NoSpaceErrors:  s.noSpace,
 		BytesRead:      s.bytesRead,
 		BytesWritten:   s.bytesWritten,
 		Merged:         s.merged,

@@ -576,6 +576,11 @@ func TestErrorsIsolatedAndMapped(t *testing.T) {
 	if s := e.Stats(); s.Rejected != 5 || s.Errors != 1 || s.Merged != 31 {
 		t.Errorf("rejected %d errors %d merged %d, want 5, 1 and 31 (one run)", s.Rejected, s.Errors, s.Merged)
 	}
+	// The ENOSPC is counted as such (vmsan_engine_no_space_errors_total);
+	// the rejected EINVALs are not.
+	if s := e.Stats(); s.NoSpaceErrors != 1 {
+		t.Errorf("no-space errors %d, want 1", s.NoSpaceErrors)
+	}
 }
 
 // TestCloseDrains: Close waits for every outstanding request, including

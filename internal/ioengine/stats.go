@@ -47,6 +47,9 @@ type Stats struct {
 	BackendOps OpCounts
 	// Errors counts requests completed with an error.
 	Errors uint64
+	// NoSpaceErrors counts those whose error was ENOSPC or EDQUOT from
+	// the backend (the host filesystem under a thin volume is full).
+	NoSpaceErrors uint64
 	// BytesRead and BytesWritten are payload bytes moved by backend
 	// ReadvAt/WritevAt calls.
 	BytesRead, BytesWritten uint64

@@ -31,7 +31,7 @@ func TestCollectFrontEnds(t *testing.T) {
 		`vmsan_frontend_error_replies_total{frontend="nbd"} 1`,
 		`vmsan_frontend_bytes_total{direction="write",frontend="nbd"} 8192`,
 		`vmsan_frontend_volume_clients{frontend="nbd",volume="vm1"} 2`,
-		`vmsan_nbd_connections_accepted_total 0`, // existing names still served
+		`vmsan_nbd_connections_accepted_total 3`, // existing names still served
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %s", want)
@@ -39,5 +39,10 @@ func TestCollectFrontEnds(t *testing.T) {
 	}
 	if strings.Contains(out, "10.0.0.2") {
 		t.Error("client addresses must not become labels")
+	}
+	// The vmsan_nbd_* series belong to the NBD front end only.
+	src.fes[0].Name = "iscsi"
+	if out := scrape(t, src); strings.Contains(out, "vmsan_nbd_") {
+		t.Error("vmsan_nbd_* series without an NBD front end")
 	}
 }

@@ -5,7 +5,7 @@
 //	h := metrics.Handler(src)           // src implements Source
 //	http.Handle("/metrics", h)
 //
-// Nothing is recorded here: the I/O engine and the NBD server keep their own
+// Nothing is recorded here: the I/O engine and the front ends keep their own
 // cheap counters (atomics and fixed histograms) and this package reads
 // snapshots at scrape time, so the data path never touches a Prometheus
 // type. That keeps per-request cost at a few atomic adds and means a slow
@@ -16,6 +16,7 @@
 //	volume_size_bytes, volume_allocated_bytes, volume_connections    {volume}
 //	engine_requests_total, engine_backend_ops_total                  {volume, op}
 //	engine_merged_requests_total, engine_errors_total, engine_rejected_total {volume}
+//	engine_no_space_errors_total (ENOSPC/EDQUOT from the host filesystem) {volume}
 //	engine_bytes_total                                               {volume, direction}
 //	engine_queue_depth, engine_in_flight                             {volume}
 //	engine_request_latency_seconds (histogram)                       {volume}
@@ -23,7 +24,9 @@
 //	nbd_connections_accepted_total, nbd_connections_active, nbd_handshake_failures_total,
 //	nbd_tls_handshakes_total, nbd_requests_total{command: read, write, flush, ...}, nbd_error_replies_total,
 //	nbd_bytes_total{direction}, nbd_protocol_errors_total, nbd_panics_total,
-//	nbd_hole_chunks_total, nbd_inflight_requests
+//	nbd_hole_chunks_total, nbd_inflight_requests   (from the front end named "nbd":
+//	                                               its volrt.FrontEndStats; this package
+//	                                               imports no front end)
 //	build_info{version, goversion, revision} (always 1)
 //
 // Front ends, protocol-neutral (when the Source also implements
@@ -61,15 +64,12 @@ package metrics
 import (
 	"net/http"
 	"sort"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/vmsan/vmsan/internal/ioengine"
-	"github.com/vmsan/vmsan/internal/nbd/proto"
-	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
@@ -112,12 +112,11 @@ type FrontEndSource interface {
 	FrontEnds() []volrt.FrontEndStats
 }
 
-// Source supplies snapshots at scrape time.
+// Source supplies snapshots at scrape time. Front ends come through
+// FrontEndSource (the vmsan_nbd_* series from the front end named "nbd"),
+// replicas through ReplicaSource.
 type Source interface {
 	Volumes() []Volume
-	// ServerStats returns the NBD server's counters; ok=false if there is
-	// no server.
-	ServerStats() (st server.Stats, ok bool)
 }
 
 // NewRegistry returns a Prometheus registry with vmsan's collector plus the
@@ -156,6 +155,7 @@ var (
 	dOps       = desc("engine_backend_ops_total", "Backend calls made by the I/O engine (a merged run counts once).", "volume", "op")
 	dMerged    = desc("engine_merged_requests_total", "Requests that shared a backend call with another request.", "volume")
 	dErrors    = desc("engine_errors_total", "Requests completed with an error.", "volume")
+	dNoSpace   = desc("engine_no_space_errors_total", "Requests failed with ENOSPC or EDQUOT by the host filesystem (thin volume out of space).", "volume")
 	dRejected  = desc("engine_rejected_total", "Requests rejected before queueing.", "volume")
 	dBytes     = desc("engine_bytes_total", "Payload bytes moved by backend reads and writes.", "volume", "direction")
 	dQueue     = desc("engine_queue_depth", "Requests submitted and not yet completed.", "volume")
@@ -196,10 +196,9 @@ var (
 	dFEBytes    = desc("frontend_bytes_total", "Payload bytes (read = sent to clients, write = received).", "frontend", "direction")
 	dFEClients  = desc("frontend_volume_clients", "Clients using the volume through the front end now.", "frontend", "volume")
 
-	allDescs = []*prometheus.Desc{dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
+	allDescs = []*prometheus.Desc{dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dNoSpace, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
 		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
-	opNames  = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
-	cmdNames = [8]string{}
+	opNames = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
 
 	// Every state an enum gauge reports, from the repl package's names.
 	roleNames, peerRoleNames, diskNames, peerDiskNames, connNames []string
@@ -216,10 +215,6 @@ func init() {
 	peerDiskNames = append(append([]string(nil), diskNames...), repl.DiskUnknown.String())
 	for c := repl.StandAlone; c <= repl.VerifyTarget; c++ {
 		connNames = append(connNames, c.String())
-	}
-	for i := range cmdNames {
-		// "NBD_CMD_WRITE_ZEROES" -> "write_zeroes", matching the engine's op label.
-		cmdNames[i] = strings.ToLower(strings.TrimPrefix(proto.Cmd(i).String(), "NBD_CMD_"))
 	}
 }
 
@@ -273,6 +268,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		counter(dMerged, e.Merged, v.Name)
 		counter(dErrors, e.Errors, v.Name)
+		counter(dNoSpace, e.NoSpaceErrors, v.Name)
 		counter(dRejected, e.Rejected, v.Name)
 		counter(dBytes, e.BytesRead, v.Name, "read")
 		counter(dBytes, e.BytesWritten, v.Name, "write")
@@ -297,6 +293,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			for vol, n := range per {
 				gauge(dFEClients, float64(n), f.Name, vol)
 			}
+			if f.Name == "nbd" {
+				collectNBD(ch, f)
+			}
 		}
 	}
 	if rs, ok := c.src.(ReplicaSource); ok {
@@ -304,16 +303,24 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			collectReplica(ch, r)
 		}
 	}
-	st, ok := c.src.ServerStats()
-	if !ok {
-		return
+}
+
+// collectNBD emits the vmsan_nbd_* series (older than the per-front-end
+// vmsan_frontend_* ones, kept under their names) from the NBD front end's
+// neutral stats.
+func collectNBD(ch chan<- prometheus.Metric, st volrt.FrontEndStats) {
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l...)
 	}
 	counter(dAccepted, st.Accepted)
-	gauge(dActive, float64(st.ActiveConns))
+	gauge(dActive, float64(st.Active))
 	counter(dHSFail, st.HandshakeFails)
 	counter(dTLS, st.TLSHandshakes)
-	for i, n := range st.Requests {
-		counter(dNBDReqs, n, cmdNames[i])
+	for _, c := range st.Commands {
+		counter(dNBDReqs, c.Count, c.Command)
 	}
 	counter(dErrReply, st.ErrorReplies)
 	counter(dNBDBytes, st.BytesRead, "read")
@@ -321,7 +328,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter(dProtoErr, st.ProtocolErrors)
 	counter(dPanics, st.Panics)
 	counter(dHoles, st.HoleChunks)
-	gauge(dNBDInfl, float64(st.InflightRequests))
+	gauge(dNBDInfl, float64(st.Inflight))
 }
 
 // collectReplica emits one replicated volume's series.

@@ -7,16 +7,14 @@ import (
 	"testing"
 
 	"github.com/vmsan/vmsan/internal/ioengine"
-	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 type fakeSource struct {
 	vols []Volume
-	st   server.Stats
 }
 
-func (f fakeSource) Volumes() []Volume                 { return f.vols }
-func (f fakeSource) ServerStats() (server.Stats, bool) { return f.st, true }
+func (f fakeSource) Volumes() []Volume { return f.vols }
 
 func scrape(t *testing.T, src Source) string {
 	t.Helper()
@@ -31,17 +29,20 @@ func scrape(t *testing.T, src Source) string {
 
 func TestCollect(t *testing.T) {
 	es := ioengine.Stats{
-		Requests:     ioengine.OpCounts{Read: 7, Write: 64, Flush: 2},
-		BackendOps:   ioengine.OpCounts{Read: 7, Write: 4, Flush: 2},
-		Merged:       60,
-		BytesWritten: 64 * 4096,
-		QueueDepth:   3,
-		Latency:      ioengine.Histogram{UpperBounds: []int64{1000, 2000, 4000}, Counts: []uint64{5, 10, 1, 2}, Count: 18, Sum: 30000},
-		WriteSizes:   ioengine.Histogram{UpperBounds: []int64{4096, 65536}, Counts: []uint64{0, 4, 0}, Count: 4, Sum: 64 * 4096},
+		Requests:      ioengine.OpCounts{Read: 7, Write: 64, Flush: 2},
+		BackendOps:    ioengine.OpCounts{Read: 7, Write: 4, Flush: 2},
+		Merged:        60,
+		Errors:        3,
+		NoSpaceErrors: 2,
+		BytesWritten:  64 * 4096,
+		QueueDepth:    3,
+		Latency:       ioengine.Histogram{UpperBounds: []int64{1000, 2000, 4000}, Counts: []uint64{5, 10, 1, 2}, Count: 18, Sum: 30000},
+		WriteSizes:    ioengine.Histogram{UpperBounds: []int64{4096, 65536}, Counts: []uint64{0, 4, 0}, Count: 4, Sum: 64 * 4096},
 	}
-	src := fakeSource{
-		vols: []Volume{{Name: "vm1", Size: 1 << 30, Allocated: 8192, Connections: 2, Engine: &es}, {Name: "closed", Size: 512}},
-		st:   server.Stats{Accepted: 5, ActiveConns: 2, BytesWritten: 262144, Requests: [8]uint64{7, 64, 0, 2}},
+	src := feSource{
+		fakeSource: fakeSource{vols: []Volume{{Name: "vm1", Size: 1 << 30, Allocated: 8192, Connections: 2, Engine: &es}, {Name: "closed", Size: 512}}},
+		fes: []volrt.FrontEndStats{{Name: "nbd", Accepted: 5, Active: 2, BytesWritten: 262144,
+			Commands: []volrt.CommandCount{{Command: "read", Count: 7}, {Command: "write", Count: 64}, {Command: "disc"}, {Command: "flush", Count: 2}}}},
 	}
 	out := scrape(t, src)
 	for _, want := range []string{
@@ -51,6 +52,8 @@ func TestCollect(t *testing.T) {
 		`vmsan_engine_requests_total{op="write",volume="vm1"} 64`,
 		`vmsan_engine_backend_ops_total{op="write",volume="vm1"} 4`,
 		`vmsan_engine_merged_requests_total{volume="vm1"} 60`,
+		`vmsan_engine_errors_total{volume="vm1"} 3`,
+		`vmsan_engine_no_space_errors_total{volume="vm1"} 2`,
 		`vmsan_engine_bytes_total{direction="write",volume="vm1"} 262144`,
 		`vmsan_engine_queue_depth{volume="vm1"} 3`,
 		// Cumulative buckets, bounds converted from ns to seconds.

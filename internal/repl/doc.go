@@ -9,7 +9,7 @@
 //	n.Connect()                        // both TCP channels are up
 //	n.Step(msgFromPeer)                // a decoded peer message
 //	id, err := n.Propose(repl.Write{...}) // a client write on the primary
-//	n.Tick()                           // every tick (driver Settings.TickMillis)
+//	n.Tick()                           // every tick (replset.Settings.Ticks().Tick)
 //	for n.HasReady() {
 //	    rd := n.Ready()
 //	    persist(rd.Persist)            // 1. make metadata/AL/bitmap durable
@@ -33,6 +33,10 @@
 // (resync and online verify), activitylog.go (activity log), tick.go
 // (timeouts), bitmap.go (dirty bitmap), msg.go (wire format). Each file
 // lists the invariants it keeps as INVARIANT comments at its top.
+//
+// Settings: Config is in ticks; replset.Settings (durations, the one
+// replication settings type) converts to them with Ticks, and Protocol and
+// SplitBrainPolicy are replset's types under this package's names.
 //
 // Concurrency: a Node is NOT safe for concurrent use. The driver owns it from
 // one goroutine and serialises every input.

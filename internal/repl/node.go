@@ -26,21 +26,25 @@ package repl
 import (
 	"errors"
 	"fmt"
+
+	"github.com/vmsan/vmsan/internal/replset"
 )
 
-// Config configures a Node. Durations are in ticks; the driver decides how
-// long a tick is (driver.Settings.TickMillis, 100 ms by default;
-// SettingsFromConfig derives it from the ping interval).
+// Config configures a Node. Durations are in ticks; how long a tick is,
+// and every count below, comes from replset.Settings.Ticks (the one place
+// the settings' durations become ticks; a tenth of the ping interval, 100
+// ms by default). Zero fields take replset's defaults in ticks.
 type Config struct {
 	NodeID     uint64
 	Size       int64
 	Protocol   Protocol
 	SplitBrain SplitBrainPolicy
 
-	PingInterval int // ticks between pings (default 10)
-	PingTimeout  int // ticks without hearing from the peer before disconnecting (default 60)
+	PingInterval int // ticks between pings (default 10: 1 s)
+	PingTimeout  int // ticks without hearing from the peer before disconnecting (default 60: 6 s)
 	// KoTicks: a peer that answers pings but leaves a replicated write
-	// unacknowledged this long is disconnected (DRBD's ko-count). 0: 100.
+	// unacknowledged this long is disconnected (DRBD's ko-count). 0: 100
+	// (10 s).
 	// max(PingTimeout, KoTicks) is also how long a handshake may go
 	// without progress while the peer answers pings (handshakeStalled).
 	KoTicks int
@@ -72,20 +76,24 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	// The settings' defaults, in ticks of the default tick (replset owns
+	// them; the driver passes replset.Settings.Ticks, so these only apply
+	// to a Config built directly, e.g. in tests).
+	d := replset.Defaults().Ticks()
 	if c.PingInterval <= 0 {
-		c.PingInterval = 10
+		c.PingInterval = d.PingInterval
 	}
 	if c.PingTimeout <= 0 {
-		c.PingTimeout = 60
+		c.PingTimeout = d.PingTimeout
 	}
 	if c.KoTicks <= 0 {
-		c.KoTicks = 100
+		c.KoTicks = d.KoTicks
 	}
 	if c.ALExtents <= 0 {
 		c.ALExtents = 1024
 	}
 	if c.ALRetireTicks <= 0 {
-		c.ALRetireTicks = 50
+		c.ALRetireTicks = d.ALRetireTicks
 	}
 	if c.ResyncIO <= 0 {
 		c.ResyncIO = 1 << 20

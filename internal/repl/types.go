@@ -1,6 +1,10 @@
 package repl
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/vmsan/vmsan/internal/replset"
+)
 
 // Role is a node's role for one volume.
 type Role uint8
@@ -101,66 +105,34 @@ func (c ConnState) String() string {
 // up reports whether the peer receives the replication stream in this state.
 func (c ConnState) up() bool { return c >= Connected }
 
-// Protocol is the replication protocol: when a write is acknowledged.
-type Protocol uint8
+// Protocol is the replication protocol (replset.Protocol: the settings
+// package owns the enumeration and its parser, so config validates without
+// importing this package).
+type Protocol = replset.Protocol
 
 const (
-	ProtoC Protocol = iota // durable on both (default)
-	ProtoA                 // locally durable and handed to the send path
-	ProtoB                 // locally durable and received (in memory) by the peer
+	ProtoC = replset.ProtoC // durable on both (default)
+	ProtoA = replset.ProtoA // locally durable and handed to the send path
+	ProtoB = replset.ProtoB // locally durable and received (in memory) by the peer
 )
-
-func (p Protocol) String() string { return [...]string{"C", "A", "B"}[p%3] }
 
 // ParseProtocol accepts "A", "B", "C" (empty means C).
-func ParseProtocol(s string) (Protocol, error) {
-	switch s {
-	case "", "C", "c":
-		return ProtoC, nil
-	case "A", "a":
-		return ProtoA, nil
-	case "B", "b":
-		return ProtoB, nil
-	}
-	return 0, fmt.Errorf("repl: unknown protocol %q (want A, B or C)", s)
-}
+func ParseProtocol(s string) (Protocol, error) { return replset.ParseProtocol(s) }
 
-// SplitBrainPolicy says what to do when the handshake finds split brain.
-type SplitBrainPolicy uint8
+// SplitBrainPolicy says what to do when the handshake finds split brain
+// (replset.SplitBrainPolicy).
+type SplitBrainPolicy = replset.SplitBrainPolicy
 
 const (
-	// SBDisconnect (default) never resolves: both go StandAlone and report.
-	SBDisconnect SplitBrainPolicy = iota
-	// SBDiscardZeroChanges: if exactly one side wrote nothing since the
-	// split, it becomes sync target; otherwise disconnect.
-	SBDiscardZeroChanges
-	// SBDiscardYoungerPrimary: the side promoted most recently is discarded.
-	SBDiscardYoungerPrimary
-	// SBDiscardLeastChanges: the side with fewer changed blocks is discarded
-	// (ties broken by node id).
-	SBDiscardLeastChanges
+	SBDisconnect            = replset.SBDisconnect
+	SBDiscardZeroChanges    = replset.SBDiscardZeroChanges
+	SBDiscardYoungerPrimary = replset.SBDiscardYoungerPrimary
+	SBDiscardLeastChanges   = replset.SBDiscardLeastChanges
 )
-
-var sbNames = [...]string{"disconnect", "discard-zero-changes", "discard-younger-primary", "discard-least-changes"}
-
-func (p SplitBrainPolicy) String() string {
-	if int(p) < len(sbNames) {
-		return sbNames[p]
-	}
-	return fmt.Sprintf("SplitBrainPolicy(%d)", p)
-}
 
 // ParseSplitBrainPolicy parses the drbd.conf-style names.
 func ParseSplitBrainPolicy(s string) (SplitBrainPolicy, error) {
-	if s == "" {
-		return SBDisconnect, nil
-	}
-	for i, n := range sbNames {
-		if n == s {
-			return SplitBrainPolicy(i), nil
-		}
-	}
-	return 0, fmt.Errorf("repl: unknown split-brain policy %q", s)
+	return replset.ParseSplitBrainPolicy(s)
 }
 
 // Generations are DRBD's generation identifiers ("UUIDs"). Current names the

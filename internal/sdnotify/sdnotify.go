@@ -6,6 +6,7 @@
 //
 //	sdnotify.Ready("serving 3 volumes") // after every listener is bound
 //	sdnotify.Stopping()                 // when the graceful drain starts
+//	sdnotify.Reloading("reloading")     // SIGHUP received; Ready when applied
 //
 // The protocol: newline-separated KEY=VALUE assignments sent as one datagram
 // to the AF_UNIX SOCK_DGRAM socket named by $NOTIFY_SOCKET. A name starting
@@ -23,7 +24,10 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // EnvSocket is the environment variable systemd sets for Type=notify units.
@@ -62,9 +66,23 @@ func Ready(status string) error { return Send(withStatus("READY=1", status)) }
 // Stopping says the service is shutting down (STOPPING=1).
 func Stopping(status string) error { return Send(withStatus("STOPPING=1", status)) }
 
-// Reloading says a configuration reload has started (RELOADING=1); call
+// Reloading says a configuration reload has started (RELOADING=1, with
+// MONOTONIC_USEC: systemd 253's Type=notify-reload needs the timestamp to
+// match the reload to its request; older managers ignore the field); call
 // Ready when it is done.
-func Reloading(status string) error { return Send(withStatus("RELOADING=1", status)) }
+func Reloading(status string) error {
+	return Send(withStatus("RELOADING=1\nMONOTONIC_USEC="+strconv.FormatInt(monotonicUsec(), 10), status))
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, the clock systemd
+// compares MONOTONIC_USEC against (Go's time package does not expose it).
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Sec*1e6 + ts.Nsec/1e3
+}
 
 // Status updates the free-form status line `systemctl status` shows.
 func Status(status string) error { return Send("STATUS=" + oneLine(status)) }

@@ -25,8 +25,9 @@
 //     registry; Acquire hands out devices, through the wrapping chain
 //     (Wrap) that replication uses.
 //   - Sessions, FrontEndStats (sessions.go): per front end, per volume, per
-//     client address (since when) connection tracking, and the statistics
-//     every front end reports to daemon status and metrics.
+//     client address (since when) connection tracking, with a watcher
+//     (Watch) for connect/disconnect log lines and events, and the
+//     statistics every front end reports to daemon status and metrics.
 //   - Lifecycle (lifecycle.go): the submit/complete handshake with the
 //     engine that decides who replies to a request (the submitter when it
 //     completed inline, else the completion path).

@@ -234,3 +234,20 @@ func TestNewOverMem(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSessionsWatch: the watcher sees each Add and Remove once, with the
+// session's id, and the duration on removal; unknown ids are not reported.
+func TestSessionsWatch(t *testing.T) {
+	s := NewSessions("nbd")
+	var got []SessionChange
+	s.Watch(func(c SessionChange) { got = append(got, c) })
+	id := s.Add("vm1", "127.0.0.1:5000")
+	time.Sleep(2 * time.Millisecond)
+	s.Remove(id)
+	s.Remove(id)
+	s.Remove(12345)
+	if len(got) != 2 || !got[0].Connected || got[0].ID != id || got[0].Remote != "127.0.0.1:5000" ||
+		got[1].Connected || got[1].ID != id || got[1].Volume != "vm1" || got[1].Duration < 2*time.Millisecond {
+		t.Fatalf("watcher saw %+v", got)
+	}
+}

@@ -15,17 +15,19 @@
 //	<dir>/volumes/<name>.raw  the volume's bytes, a sparse (thin) raw file, 0600
 //	<dir>/volumes/<name>.json metadata (Meta), replaced atomically, 0600
 //	<dir>/volumes/<name>.state/ optional per-volume state for other subsystems
-//	                          (replication bitmap, generations), see StateDir
+//	                          (replication: .state/repl/), see StateDir and
+//	                          StatePath; deleted with the volume
 //
 // Permissions: volumes are VM disks, so everything the store creates is
 // owner-only (files 0600, directories 0700) whatever the umask, and Open
-// tightens what it finds wider (volumes/, repl/ and their contents, and the
-// data directory itself when we own it and it is not a shared sticky
-// directory like /tmp), reporting each change in Notices.
+// tightens what it finds wider (volumes/, the repl/ of older versions and
+// their contents, and the data directory itself when we own it and it is
+// not a shared sticky directory like /tmp), reporting each change in
+// Notices.
 //
 // The metadata file is the commit point: a volume exists exactly when its
-// .json exists. A .raw without a .json is debris from a crash during Create
-// or Delete and is overwritten by the next Create of that name.
+// .json exists. A .raw or .state/ without a .json is debris from a crash
+// during Create or Delete and is replaced by the next Create of that name.
 //
 // The store never shrinks, extends or recreates a raw file on its own
 // unless the metadata proves that vmsan itself was in the middle of doing
@@ -73,6 +75,10 @@ const (
 	metaExt  = ".json"
 	stateExt = ".state"
 
+	// StateExt ends the name of a volume's state directory
+	// (volumes/<name>.state, see StatePath).
+	StateExt = stateExt
+
 	// LockFileName is the name of the data directory lock file.
 	LockFileName = "vmsan.lock"
 	// VolumesDir is the subdirectory holding volume files.
@@ -102,9 +108,11 @@ var (
 	ErrInUse    = errors.New("volume is exported (connected clients); use --force to override")
 	ErrShrink   = errors.New("shrinking a volume destroys data at its end; use --force to override")
 	ErrLocked   = errors.New("data directory is in use by another vmsan process")
-	ErrBadSize  = errors.New("invalid volume size")
-	ErrInvalid  = errors.New("invalid volume option")
-	ErrReadOnly = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
+	// ErrNoDataDir: OpenExisting found no data directory (see NoDataDirError).
+	ErrNoDataDir = errors.New("no vmsan data directory")
+	ErrBadSize   = errors.New("invalid volume size")
+	ErrInvalid   = errors.New("invalid volume option")
+	ErrReadOnly  = errors.New("volume is read-only; clear the flag first (vmsan volume set NAME --read-only=false)")
 	// ErrDamaged: the raw file is missing or disagrees with the metadata in
 	// a way no vmsan crash produces; the volume is not served until
 	// `vmsan volume repair`.
@@ -193,6 +201,29 @@ const (
 	dirMode  = 0o700
 	fileMode = 0o600
 )
+
+// NoDataDirError returns ErrNoDataDir naming dir and how a data directory
+// comes to be, for commands that only read or change existing volumes: a
+// typo'd --data-dir must fail, not leave an empty directory behind.
+func NoDataDirError(dir string) error {
+	return fmt.Errorf("%w at %s (create it with `vmsan serve` or `vmsan volume create`)", ErrNoDataDir, dir)
+}
+
+// DataDirExists says whether dir is a data directory (it has the volumes
+// subdirectory every Open creates).
+func DataDirExists(dir string) bool {
+	st, err := os.Stat(filepath.Join(dir, VolumesDir))
+	return err == nil && st.IsDir()
+}
+
+// OpenExisting is Open for a data directory that must already exist: it
+// returns NoDataDirError instead of creating one.
+func OpenExisting(dir string) (*Store, error) {
+	if dir != "" && !DataDirExists(dir) {
+		return nil, NoDataDirError(dir)
+	}
+	return Open(dir)
+}
 
 // Open opens (creating if needed) the data directory dir and takes its lock.
 // It removes leftover temporary metadata files, tightens permissions,
@@ -446,6 +477,56 @@ func (s *Store) RawPath(name string) string { return filepath.Join(s.vdir, name+
 
 func (s *Store) metaPath(name string) string { return filepath.Join(s.vdir, name+metaExt) }
 
+// StatePath is the per-volume state directory of volume name in the data
+// directory dir (whether or not it exists), for tools that work without
+// opening the store (e.g. `vmsan repl configure` while a daemon runs) and
+// must agree with StateDir. It is deleted with the volume (Delete), and a
+// leftover one without a volume is removed by Create.
+func StatePath(dir, name string) (string, error) {
+	if err := ValidateName(name); err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, VolumesDir, name+stateExt), nil
+}
+
+// StateVolumes returns the names of the volumes whose state directory holds
+// rel (a path relative to it, e.g. "repl/config.json"), sorted. Volumes
+// are not checked to exist: debris of a crashed Delete is listed too.
+func StateVolumes(dir, rel string) []string {
+	ents, err := os.ReadDir(filepath.Join(dir, VolumesDir))
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		name, ok := strings.CutSuffix(e.Name(), stateExt)
+		if !ok || !e.IsDir() || ValidateName(name) != nil {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(dir, VolumesDir, e.Name(), rel)); err == nil {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// RemoveStateDebris removes the state directory of a volume that does not
+// exist (after Delete, a subsystem that was still running may have written
+// into it again; the daemon calls this once its plugins let go of the
+// volume). It does nothing for an existing volume.
+func (s *Store) RemoveStateDebris(name string) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := os.Stat(s.metaPath(name)); err == nil {
+		return nil
+	}
+	return os.RemoveAll(filepath.Join(s.vdir, name+stateExt))
+}
+
 // StateDir returns (creating it) a directory for other subsystems' per-volume
 // state, e.g. replication bitmaps. It is deleted with the volume.
 func (s *Store) StateDir(name string) (string, error) {
@@ -543,6 +624,12 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 	// Remove first rather than O_TRUNC: the new volume gets a new inode
 	// (a new data identity), and the debris's mode does not carry over.
 	os.Remove(s.RawPath(o.Name))
+	// Likewise a state directory without metadata (a crash between Delete's
+	// metadata removal and its state removal): a new volume must not inherit
+	// a deleted one's replication settings or generations.
+	if err := os.RemoveAll(filepath.Join(s.vdir, o.Name+stateExt)); err != nil {
+		return Meta{}, fmt.Errorf("volume: create %s: remove leftover state: %w", o.Name, err)
+	}
 	f, err := os.OpenFile(s.RawPath(o.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
 		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, err)

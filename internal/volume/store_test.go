@@ -421,3 +421,47 @@ func TestInterruptedResizeConverges(t *testing.T) {
 		t.Fatalf("mark left on disk: %+v", m)
 	}
 }
+
+// StatePath agrees with StateDir; StateVolumes lists the volumes whose
+// state directory holds a file; RemoveStateDebris removes the state of a
+// volume that does not exist and leaves an existing one's alone.
+func TestStateDirHelpers(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, n := range []string{"b", "a"} {
+		if _, err := s.Create(CreateOptions{Name: n, Size: 1 << 20}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sd, err := s.StateDir("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := StatePath(dir, "a"); err != nil || p != sd {
+		t.Fatalf("StatePath %q %v, StateDir %q", p, err, sd)
+	}
+	if _, err := StatePath(dir, "../x"); !errors.Is(err, ErrInvalidName) {
+		t.Fatalf("StatePath of a bad name: %v", err)
+	}
+	for _, n := range []string{"a", "b", "gone"} {
+		p, _ := StatePath(dir, n)
+		os.MkdirAll(filepath.Join(p, "sub"), 0o700)
+		os.WriteFile(filepath.Join(p, "sub", "f"), nil, 0o600)
+	}
+	if got := StateVolumes(dir, filepath.Join("sub", "f")); strings.Join(got, ",") != "a,b,gone" {
+		t.Fatalf("StateVolumes: %v", got)
+	}
+	if err := s.RemoveStateDebris("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveStateDebris("gone"); err != nil {
+		t.Fatal(err)
+	}
+	if got := StateVolumes(dir, filepath.Join("sub", "f")); strings.Join(got, ",") != "a,b" {
+		t.Fatalf("after RemoveStateDebris: %v", got)
+	}
+}

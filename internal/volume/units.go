@@ -125,3 +125,28 @@ func HumanSize(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// ParseResize parses the size argument of a resize: an absolute size
+// ("40G", as ParseSize), or one relative to cur, the volume's current size:
+// "+10G" grows by 10 GiB, "-1G" shrinks by 1 GiB (shrinking still needs
+// --force where the resize happens). The result must be positive.
+func ParseResize(spec string, cur int64) (int64, error) {
+	s := strings.TrimSpace(spec)
+	if s == "" || (s[0] != '+' && s[0] != '-') {
+		return ParseSize(s)
+	}
+	d, err := ParseSize(s[1:])
+	if err != nil {
+		return 0, err
+	}
+	if s[0] == '+' {
+		if d > math.MaxInt64-cur {
+			return 0, fmt.Errorf("size %q: %s plus that is too large", spec, HumanSize(cur))
+		}
+		return cur + d, nil
+	}
+	if d >= cur {
+		return 0, fmt.Errorf("size %q: the volume is only %s; a volume cannot shrink to nothing", spec, HumanSize(cur))
+	}
+	return cur - d, nil
+}

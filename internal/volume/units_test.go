@@ -1,6 +1,9 @@
 package volume
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseSize(t *testing.T) {
 	ok := []struct {
@@ -62,5 +65,35 @@ func TestFormatSizeRoundTrip(t *testing.T) {
 	}
 	if s := HumanSize(10 << 30); s != "10.0 GiB" {
 		t.Errorf("HumanSize(10GiB) = %q", s)
+	}
+}
+
+func TestParseResize(t *testing.T) {
+	const g = 1 << 30
+	for _, c := range []struct {
+		spec string
+		cur  int64
+		want int64
+		err  string
+	}{
+		{"40G", 10 * g, 40 * g, ""},
+		{"+10G", 10 * g, 20 * g, ""},
+		{" +512M", g, g + 512<<20, ""},
+		{"-1G", 10 * g, 9 * g, ""},
+		{"-10G", 10 * g, 0, "cannot shrink to nothing"},
+		{"+", g, 0, "empty"},
+		{"+x", g, 0, "must start with a number"},
+		{"+8E", 1 << 62, 0, "too large"},
+	} {
+		got, err := ParseResize(c.spec, c.cur)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("ParseResize(%q, %d) = %d, %v; want error with %q", c.spec, c.cur, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("ParseResize(%q, %d) = %d, %v; want %d", c.spec, c.cur, got, err, c.want)
+		}
 	}
 }

@@ -103,7 +103,7 @@ func TestConfigFileReplication(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "replicated") {
 		t.Fatalf("delete of a replicated volume without --force: err=%v, output %q", err, out)
 	}
-	replDir := filepath.Join(b.dir, "repl", volName)
+	replDir := driver.Dir(b.dir, volName)
 	if _, err := os.Stat(filepath.Join(replDir, "config.json")); err != nil {
 		t.Fatalf("refused delete touched the replication state: %v", err)
 	}
@@ -132,7 +132,7 @@ func TestConfigFileReplication(t *testing.T) {
 		t.Fatalf("offline delete of a replicated volume without --force: err=%v, output %q", err, out)
 	}
 	a.run("volume", "delete", volName, "--force")
-	if _, err := os.Stat(filepath.Join(a.dir, "repl", volName)); !os.IsNotExist(err) {
+	if _, err := os.Stat(driver.Dir(a.dir, volName)); !os.IsNotExist(err) {
 		t.Fatalf("replication state still there after offline delete: %v", err)
 	}
 }

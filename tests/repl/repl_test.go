@@ -113,7 +113,7 @@ func TestKillSecondaryQuickResync(t *testing.T) {
 	// Written while down: 4 MiB in 64 KiB chunks (whole bitmap chunks).
 	const downBytes = 4 << 20
 	mustIO(t, p.a.uri(), writes(0x23, 32<<20, 64<<10, 64<<10, downBytes/(64<<10))...)
-	al, err := driver.LoadAL(filepath.Join(p.b.dir, "repl", volName))
+	al, err := driver.LoadAL(driver.Dir(p.b.dir, volName))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
+	"strings"
 
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 )
@@ -212,6 +214,9 @@ func negotiate(c net.Conn, a Address, o *Options) (net.Conn, Export, error) {
 			if rh.Type == proto.RepErrUnsup {
 				return goFallback(h, a, ex, noZeroes)
 			}
+			if rh.Type == proto.RepErrUnknown {
+				return nil, ex, noSuchExport(h, a, repErr(proto.OptGo, rh, d))
+			}
 			return nil, ex, repErr(proto.OptGo, rh, d)
 		}
 		if rh.Type != proto.RepInfo {
@@ -275,4 +280,83 @@ func finish(ex Export, a Address) Export {
 		ex.MaxBlock = proto.DefaultMaxPayload
 	}
 	return ex
+}
+
+// maxListedExports bounds what noSuchExport reads of an NBD_OPT_LIST
+// reply and shows: enough to pick from, never unbounded memory.
+const (
+	maxListedExports = 10000
+	shownExports     = 20
+)
+
+// noSuchExport turns the server's "unknown export" into an error a person
+// can act on: the export list (NBD_OPT_LIST, asked on the same
+// connection: after an error reply the handshake goes on) and the URL to
+// write. goErr stays in the chain (errors.As finds the *proto.RepError).
+func noSuchExport(h *hs, a Address, goErr error) error {
+	what := fmt.Sprintf("%s has no export %q", a.Addr, a.Export)
+	if a.Export == "" {
+		what = fmt.Sprintf("the URL names no export and %s has no default export", a.Addr)
+	}
+	names, err := listExports(h)
+	switch {
+	case err != nil:
+		return fmt.Errorf("nbd: %s, and it does not list its exports (%v); name one in the URL, e.g. %s: %w",
+			what, err, exportURL(a, "NAME"), goErr)
+	case len(names) == 0:
+		return fmt.Errorf("nbd: %s, and it lists none: %w", what, goErr)
+	}
+	shown := names
+	more := ""
+	if len(shown) > shownExports {
+		shown, more = shown[:shownExports], fmt.Sprintf(" and %d more", len(names)-shownExports)
+	}
+	q := make([]string, len(shown))
+	for i, n := range shown {
+		q[i] = fmt.Sprintf("%q", n)
+	}
+	return fmt.Errorf("nbd: %s; its exports are %s%s; name one in the URL, e.g. %s: %w",
+		what, strings.Join(q, ", "), more, exportURL(a, names[0]), goErr)
+}
+
+// listExports asks for the export names (NBD_OPT_LIST).
+func listExports(h *hs) ([]string, error) {
+	if err := h.sendOpt(proto.OptList, nil); err != nil {
+		return nil, err
+	}
+	var names []string
+	for n := 0; ; n++ {
+		rh, d, err := h.readReply(proto.OptList)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case rh.Type == proto.RepAck:
+			return names, nil
+		case rh.Type.IsError():
+			return nil, repErr(proto.OptList, rh, d)
+		case rh.Type == proto.RepServer:
+			if n >= maxListedExports {
+				return names, nil // enough to show; the rest is not read
+			}
+			name, _, err := proto.ParseRepServer(d)
+			if err != nil {
+				return nil, err
+			}
+			names = append(names, name)
+		}
+	}
+}
+
+// exportURL is a's URL with the export name set, in the scheme a came in.
+func exportURL(a Address, name string) string {
+	scheme := "nbd"
+	if a.TLS {
+		scheme = "nbds"
+	}
+	path := "/" + url.PathEscape(name)
+	if a.Network == "unix" {
+		return scheme + "+unix://" + path + "?socket=" + a.Addr
+	}
+	return scheme + "://" + a.Addr + path
 }

@@ -11,33 +11,47 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/replset"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-// Durations from the config file become ticks: the tick is a tenth of the
-// ping interval (10..100 ms) and every timeout rounds up.
-func TestSettingsFromConfig(t *testing.T) {
-	d := func(s string) config.Duration { v, _ := time.ParseDuration(s); return config.Duration(v) }
-	s := SettingsFromConfig(config.Replication{Listen: "a:1", Peer: "b:2", Protocol: "b",
-		PingInterval: d("1s"), PingTimeout: d("6s"), KoTimeout: d("10s"), ResyncRate: 100 << 20})
-	want := Settings{Listen: "a:1", Peer: "b:2", Protocol: "B", Role: "secondary", SplitBrain: "disconnect", Dial: "auto",
-		TickMillis: 100, PingInterval: 10, PingTimeout: 60, KoTicks: 100, ALRetireTicks: 50, ResyncRate: 100 << 20}
+func msD(n int) replset.Duration { return replset.Duration(time.Duration(n) * time.Millisecond) }
+
+// A config.json written before settings were durations (tick_ms and
+// counts of ticks) reads as the same times, with the tick it ran with, so
+// the state machine gets the same ticks; the new layout round-trips.
+func TestDecodeSettingsLegacy(t *testing.T) {
+	old := `{"listen": "10.0.0.1:7789", "peer": "10.0.0.2:7789", "protocol": "B", "role": "primary", "node_id": 7,
+	  "tick_ms": 20, "ping_interval": 5, "ping_timeout": 25, "ko_ticks": 500, "al_retire_ticks": 25, "resync_rate": 1048576}`
+	s, err := DecodeSettings([]byte(old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Settings{Listen: "10.0.0.1:7789", Peer: "10.0.0.2:7789", Protocol: "B", Role: "primary", NodeID: 7,
+		Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(500), KoTimeout: msD(10000), ALRetire: msD(500), ResyncRate: 1 << 20}
 	if s != want {
 		t.Fatalf("got  %+v\nwant %+v", s, want)
 	}
-	s = SettingsFromConfig(config.Replication{Listen: "a:1", Peer: "b:2", PingInterval: d("150ms"), PingTimeout: d("1s"), KoTimeout: d("25ms")})
-	if s.TickMillis != 15 || s.PingInterval != 10 || s.PingTimeout != 67 || s.KoTicks != 2 || s.ALRetireTicks != 334 {
-		t.Fatalf("fast pings: %+v", s)
+	if tk := s.Ticks(); tk.Tick != 20*time.Millisecond || tk.PingInterval != 5 || tk.PingTimeout != 25 || tk.KoTicks != 500 || tk.ALRetireTicks != 25 || tk.ResyncRate != 20971 {
+		t.Fatalf("ticks %+v", tk)
 	}
-	s = SettingsFromConfig(config.Replication{Listen: "a:1", Peer: "b:2", PingInterval: d("20ms"), PingTimeout: d("50ms")})
-	if s.TickMillis != 10 || s.PingInterval != 2 || s.PingTimeout != 5 {
-		t.Fatalf("tick floor: %+v", s)
+	// Without tick_ms, ticks were 100 ms; zero counts meant the defaults.
+	s, err = DecodeSettings([]byte(`{"listen": "a:1", "peer": "b:2", "node_id": 1, "ping_timeout": 30}`))
+	if err != nil || s.Tick != msD(100) || s.PingTimeout != msD(3000) || s.PingInterval != 0 {
+		t.Fatalf("default tick: %+v %v", s, err)
 	}
-	s.NodeID = 1
-	if err := s.Validate(); err != nil {
+	// The duration layout, as SaveSettings writes it.
+	dir := t.TempDir()
+	if err := SaveSettings(dir, want); err != nil {
 		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+	if !strings.Contains(string(b), `"ping_timeout": "500ms"`) {
+		t.Fatalf("config.json: %s", b)
+	}
+	if got, err := LoadSettings(dir); err != nil || got != want {
+		t.Fatalf("round trip: %+v %v", got, err)
 	}
 }
 

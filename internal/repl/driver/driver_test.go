@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,12 +27,20 @@ import (
 type engDev struct {
 	be  *backend.File
 	eng *ioengine.Engine
+	// onSubmit, when set, sees every request before the engine does
+	// (atomic: a test sets it while the replica runs).
+	onSubmit atomic.Pointer[func(*ioengine.Request)]
 }
 
 func (d *engDev) Info() export.Info {
 	return export.Info{Name: "v", Size: d.be.Size(), CanMultiConn: true, MinBlock: 1, PrefBlock: 4096, MaxBlock: 32 << 20}
 }
-func (d *engDev) Submit(r *ioengine.Request) { d.eng.Submit(r) }
+func (d *engDev) Submit(r *ioengine.Request) {
+	if f := d.onSubmit.Load(); f != nil {
+		(*f)(r)
+	}
+	d.eng.Submit(r)
+}
 func (d *engDev) Extents(off, l int64) ([]backend.Extent, error) {
 	return d.be.Extents(off, l)
 }
@@ -127,7 +136,7 @@ func waitFor(t testing.TB, what string, d time.Duration, f func() bool) {
 }
 
 func pair(t *testing.T, size int64, proto string) (a, b *node) {
-	return pairWith(t, size, Settings{Protocol: proto, TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
+	return pairWith(t, size, Settings{Protocol: proto, Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)}, nil, nil)
 }
 
 // pairWith starts primary a and secondary b; a dials b through via(bAddr)
@@ -191,6 +200,13 @@ func TestReplicateProtocolC(t *testing.T) {
 // as large merged writes. The engine's counters prove it.
 func TestSecondaryMergesSequentialWrites(t *testing.T) {
 	a, b := pair(t, 64<<20, "A")
+	var more atomic.Int64
+	count := func(r *ioengine.Request) {
+		if r.Op == ioengine.OpWrite && r.More {
+			more.Add(1)
+		}
+	}
+	b.dev.onSubmit.Store(&count)
 	waitFor(t, "connect", 10*time.Second, connected(a))
 	const n = 2048
 	errs := make(chan error, n)
@@ -208,10 +224,17 @@ func TestSecondaryMergesSequentialWrites(t *testing.T) {
 		return b.dev.eng.Stats().Requests.Write >= n
 	})
 	st := b.dev.eng.Stats()
-	t.Logf("secondary: %d write requests, %d backend writes, merged %d, mean write %.0f bytes",
-		st.Requests.Write, st.BackendOps.Write, st.Merged, st.MeanWriteSize())
+	t.Logf("secondary: %d write requests (%d with More), %d backend writes, merged %d, mean write %.0f bytes",
+		st.Requests.Write, more.Load(), st.BackendOps.Write, st.Merged, st.MeanWriteSize())
 	if st.BackendOps.Write*4 > st.Requests.Write {
 		t.Fatalf("secondary did %d backend writes for %d requests: less than 4x merging", st.BackendOps.Write, st.Requests.Write)
+	}
+	// The secondary holds the stream's window: the applies it submits
+	// while others are queued behind them say so (Request.More), so the
+	// engine gathers by what is queued, not only by its timed backstop.
+	// 2048 writes sent at once cannot all arrive one per batch.
+	if more.Load() == 0 {
+		t.Fatalf("none of the secondary's %d writes was submitted with More", st.Requests.Write)
 	}
 	waitFor(t, "equal", 10*time.Second, func() bool { return a.sum() == b.sum() })
 }
@@ -296,7 +319,7 @@ func TestHeartbeatsUnderLoad(t *testing.T) {
 	slow := func(b backend.Backend) backend.Backend {
 		return backendtest.NewDelay(b, 15*time.Millisecond, 15*time.Millisecond)
 	}
-	set := Settings{Protocol: "C", TickMillis: 10, PingInterval: 5, PingTimeout: 30, KoTicks: 3000}
+	set := Settings{Protocol: "C", Tick: msD(10), PingInterval: msD(50), PingTimeout: msD(300), KoTimeout: msD(30000)}
 	a, b := pairWith(t, 64<<20, set, via, slow)
 	waitFor(t, "connect", 10*time.Second, connected(a))
 	// 512 KiB/s per connection with 1 MiB writes: one data frame takes ~2 s
@@ -338,7 +361,7 @@ func pairB(b *testing.B, size int64) (*node, *node) {
 	if proto == "" {
 		proto = "C"
 	}
-	a, s := pairWith(b, size, Settings{Protocol: proto, TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}, nil, nil)
+	a, s := pairWith(b, size, Settings{Protocol: proto, Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)}, nil, nil)
 	waitFor(b, "connect", 20*time.Second, connected(a))
 	return a, s
 }
@@ -347,7 +370,7 @@ func pairB(b *testing.B, size int64) (*node, *node) {
 // of sync takes about two seconds, during which status shows SyncSource
 // with a percentage, a measured rate and an ETA.
 func TestResyncRateAndProgress(t *testing.T) {
-	a, b := pairWith(t, 32<<20, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500, ResyncRate: 4 << 20}, nil, nil)
+	a, b := pairWith(t, 32<<20, Settings{Protocol: "C", Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000), ResyncRate: 4 << 20}, nil, nil)
 	// Wait for the initial sync to have finished on both sides (a's
 	// out-of-sync count is also 0 just before the handshake decides).
 	waitFor(t, "connect", 10*time.Second, func() bool {
@@ -403,7 +426,7 @@ func TestSecondaryWithDataIsNotAssumedFresh(t *testing.T) {
 	}
 	f.WriteAt(pattern(3, 4096), 1<<20)
 	f.Close()
-	common := Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500}
+	common := Settings{Protocol: "C", Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)}
 	sa, sb := common, common
 	sa.Listen, sa.Peer, sa.NodeID, sa.Role, sa.Dial = aAddr, bAddr, 1, "primary", "yes"
 	sb.Listen, sb.Peer, sb.NodeID, sb.Role, sb.Dial = bAddr, aAddr, 2, "secondary", "no"

@@ -63,7 +63,7 @@ func readFrame(c net.Conn, br *bufio.Reader, d time.Duration) (repl.Message, err
 func TestLinkErrorAndNewPairInOneBatch(t *testing.T) {
 	base := t.TempDir()
 	os.MkdirAll(filepath.Join(base, "b"), 0o755)
-	set := Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 1000, KoTicks: 1000,
+	set := Settings{Protocol: "C", Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(20000), KoTimeout: msD(20000),
 		Listen: freeAddr(t), Peer: freeAddr(t), NodeID: 2, Role: "secondary", Dial: "no"}
 	b := newNode(t, filepath.Join(base, "b"), 1<<20, set, nil)
 	t.Cleanup(b.stop)

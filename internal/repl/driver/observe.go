@@ -4,11 +4,13 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/repl"
@@ -127,6 +129,7 @@ type observer struct {
 	rsBytes int64     // as source: bytes to sync when it started
 	rsRecv  int64     // resync bytes received as target, since start
 	rsRecv0 int64     // rsRecv when the current resync started
+	rsEvent time.Time // last resync progress event (at most one a second)
 
 	disc    [len(DisconnectReasons)]atomic.Uint64 // by DisconnectReasons index
 	ring    [ackRingSize]ackSlot
@@ -209,6 +212,7 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 		o.started = true
 		return
 	}
+	r.publishChanges(p, s, now)
 	log := r.log
 	if s.Role != p.Role {
 		log.Info("replication role changed", "from", p.Role.String(), "to", s.Role.String())
@@ -270,6 +274,65 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 	if p.Conn == repl.VerifySource && s.Conn == repl.Connected {
 		log.Info("online verify finished", "verified_bytes", s.Stats.VerifiedBytes, "mismatch_bytes", s.Stats.VerifyDiff)
 	}
+}
+
+// resyncEventEvery spaces resync progress events: a resync changes its
+// out-of-sync count on every batch, and a subscriber wants progress, not
+// a line per batch.
+const resyncEventEvery = time.Second
+
+// publishChanges sends the replica's events (`vmsan events`): a change
+// line when a role, disk or connection state changed, and resync lines
+// (create when it starts, change at most every resyncEventEvery, destroy
+// when it ends). REQUIRES: loop.
+func (r *Replica) publishChanges(p, s repl.Status, now time.Time) {
+	if r.bus == nil {
+		return
+	}
+	if s.Role != p.Role || s.Disk != p.Disk || s.Conn != p.Conn || s.PeerRole != p.PeerRole || s.PeerDisk != p.PeerDisk {
+		r.bus.Publish(events.New(events.Change, events.Replication, replAttrs(r.name, s)...))
+	}
+	switch {
+	case syncing(s.Conn) && s.Conn != p.Conn:
+		r.obs.rsEvent = now
+		r.bus.Publish(events.New(events.Create, events.Resync, resyncAttrs(r.name, s)...))
+	case syncing(s.Conn) && s.OutOfSync != p.OutOfSync && now.Sub(r.obs.rsEvent) >= resyncEventEvery:
+		r.obs.rsEvent = now
+		r.bus.Publish(events.New(events.Change, events.Resync, resyncAttrs(r.name, s)...))
+	case syncing(p.Conn) && s.Conn != p.Conn:
+		r.bus.Publish(events.New(events.Destroy, events.Resync, "volume", r.name, "connection", s.Conn.String(),
+			"left_bytes", strconv.FormatInt(s.OutOfSync, 10)))
+	}
+}
+
+func replAttrs(volume string, s repl.Status) []string {
+	return []string{"volume", volume, "role", s.Role.String(), "disk", s.Disk.String(), "connection", s.Conn.String(),
+		"peer_role", s.PeerRole.String(), "peer_disk", s.PeerDisk.String(), "out_of_sync_bytes", strconv.FormatInt(s.OutOfSync, 10)}
+}
+
+// resyncAttrs: the percentage is known on the source (it knows the total);
+// the target reports what it still has marked out of sync.
+func resyncAttrs(volume string, s repl.Status) []string {
+	kv := []string{"volume", volume, "direction", s.Conn.String(), "left_bytes", strconv.FormatInt(s.OutOfSync, 10)}
+	if s.Conn == repl.SyncSource && s.ResyncTotal > 0 {
+		kv = append(kv, "percent", strconv.FormatFloat(100*float64(s.ResyncTotal-s.ResyncLeft)/float64(s.ResyncTotal), 'f', 1, 64))
+	}
+	return kv
+}
+
+// eventsFromStatus is the replica's "exists" lines for a new subscriber.
+func eventsFromStatus(st Status) []events.Event {
+	out := []events.Event{events.New(events.Exists, events.Replication, "volume", st.Volume, "role", st.Role, "disk", st.Disk,
+		"connection", st.Conn, "peer_role", st.PeerRole, "peer_disk", st.PeerDisk,
+		"out_of_sync_bytes", strconv.FormatInt(st.OutOfSync, 10))}
+	if st.Conn == repl.SyncSource.String() || st.Conn == repl.SyncTarget.String() {
+		kv := []string{"volume", st.Volume, "direction", st.Conn, "left_bytes", strconv.FormatInt(st.OutOfSync, 10)}
+		if st.Conn == repl.SyncSource.String() && st.SyncTotal > 0 {
+			kv = append(kv, "percent", strconv.FormatFloat(st.SyncPct, 'f', 1, 64))
+		}
+		out = append(out, events.New(events.Exists, events.Resync, kv...))
+	}
+	return out
 }
 
 func direction(c repl.ConnState) string {

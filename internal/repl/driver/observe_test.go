@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
@@ -57,7 +58,7 @@ func TestClassifyDisconnect(t *testing.T) {
 // disconnect is counted under a bounded reason.
 func TestReplicaMetricsAcrossOutage(t *testing.T) {
 	var px *faultproxy.Proxy
-	a, b := pairWith(t, 16<<20, Settings{Protocol: "C", TickMillis: 20, PingInterval: 5, PingTimeout: 100, KoTicks: 500},
+	a, b := pairWith(t, 16<<20, Settings{Protocol: "C", Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(2000), KoTimeout: msD(10000)},
 		func(target string) string {
 			var err error
 			if px, err = faultproxy.New("127.0.0.1:0", target); err != nil {
@@ -176,5 +177,44 @@ func TestObserveLogLines(t *testing.T) {
 	// at a disconnect is not a "peer role change".
 	if strings.Contains(out, "to=Unknown") || strings.Contains(out, "from=Unknown") {
 		t.Errorf("unknown peer role logged as a change:\n%s", out)
+	}
+}
+
+// TestObserveEvents: the same kind of scripted statuses produce the
+// `vmsan events` lines: a replication change per state change, and resync
+// create/change/destroy with progress.
+func TestObserveEvents(t *testing.T) {
+	bus := events.NewBus()
+	sub := bus.Subscribe(100)
+	defer sub.Close()
+	r := &Replica{name: "vm1", bus: bus, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	t0 := time.Unix(1000, 0)
+	st := func(role repl.Role, disk repl.DiskState, c repl.ConnState, pr repl.Role, pd repl.DiskState, oos int64) repl.Status {
+		return repl.Status{Role: role, Disk: disk, Conn: c, PeerRole: pr, PeerDisk: pd, OutOfSync: oos, ResyncTotal: 4 << 20, ResyncLeft: oos}
+	}
+	seq := []repl.Status{
+		st(repl.Primary, repl.UpToDate, repl.Connecting, repl.RoleUnknown, repl.DiskUnknown, 4<<20),
+		st(repl.Primary, repl.UpToDate, repl.SyncSource, repl.Secondary, repl.Inconsistent, 4<<20),
+		st(repl.Primary, repl.UpToDate, repl.SyncSource, repl.Secondary, repl.Inconsistent, 3<<20), // +0.5s: too soon
+		st(repl.Primary, repl.UpToDate, repl.SyncSource, repl.Secondary, repl.Inconsistent, 1<<20), // +1s
+		st(repl.Primary, repl.UpToDate, repl.Connected, repl.Secondary, repl.UpToDate, 0),
+	}
+	at := []time.Duration{0, time.Second, 1500 * time.Millisecond, 2 * time.Second, 3 * time.Second}
+	for i, s := range seq {
+		r.observe(s, t0.Add(at[i]))
+	}
+	var got []string
+	for len(sub.C()) > 0 {
+		got = append(got, (<-sub.C()).String())
+	}
+	want := []string{
+		"change replication volume:vm1 role:Primary disk:UpToDate connection:SyncSource peer_role:Secondary peer_disk:Inconsistent out_of_sync_bytes:4194304",
+		"create resync volume:vm1 direction:SyncSource left_bytes:4194304 percent:0.0",
+		"change resync volume:vm1 direction:SyncSource left_bytes:1048576 percent:75.0",
+		"change replication volume:vm1 role:Primary disk:UpToDate connection:Connected peer_role:Secondary peer_disk:UpToDate out_of_sync_bytes:0",
+		"destroy resync volume:vm1 connection:Connected left_bytes:0",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("events:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

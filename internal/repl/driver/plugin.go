@@ -9,19 +9,19 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // Plugin runs replication inside a vmsan daemon: one Replica per volume
-// that has <data_dir>/repl/<volume>/config.json. A daemon gets it by
+// that has config.json in its replication directory (Dir: repl/ in the
+// volume's state directory). A daemon gets it by
 // passing driver.NewPlugin in daemon.Options.Plugins (cmd/vmsan/plugins.go).
 //
 // Control endpoints (on the daemon's control socket):
@@ -47,16 +47,20 @@ type Plugin struct {
 // wins over `vmsan repl configure`; the node id is kept). It returns nil
 // when no volume is configured for replication.
 func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
+	// State in the old layout moves first, so that nothing below reads or
+	// writes the old place.
+	if err := Migrate(cfg.DataDir, log); err != nil {
+		return nil, err
+	}
 	for _, v := range cfg.Volumes {
 		if v.Replication == nil {
 			continue
 		}
-		if _, err := Configure(cfg.DataDir, v.Name, SettingsFromConfig(*v.Replication)); err != nil {
+		if _, err := Configure(cfg.DataDir, v.Name, v.Replication.Settings()); err != nil {
 			return nil, fmt.Errorf("replication of %s: %w", v.Name, err)
 		}
 	}
-	dirs, _ := filepath.Glob(filepath.Join(cfg.DataDir, "repl", "*", "config.json"))
-	if len(dirs) == 0 {
+	if len(volume.StateVolumes(cfg.DataDir, settingsRel)) == 0 {
 		return nil, nil
 	}
 	return &Plugin{dataDir: cfg.DataDir, log: log, replicas: map[string]*Replica{}, devByName: map[string]export.Device{}}, nil
@@ -64,10 +68,8 @@ func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 
 // Start opens every configured replica.
 func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error)) error {
-	dirs, _ := filepath.Glob(filepath.Join(p.dataDir, "repl", "*", "config.json"))
-	for _, f := range dirs {
-		dir := filepath.Dir(f)
-		name := filepath.Base(dir)
+	for _, name := range volume.StateVolumes(p.dataDir, settingsRel) {
+		dir := Dir(p.dataDir, name)
 		set, err := LoadSettings(dir)
 		if err != nil {
 			return fmt.Errorf("replication of %s: %w", name, err)
@@ -82,15 +84,16 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 				p.log.Error("replicated volume is not served; replication not started until it is repaired (see the volume's error above)", "volume", name)
 				continue
 			}
-			// State left from a volume deleted before deletes removed it:
-			// not a reason to refuse to serve the other volumes.
+			// A state directory left by a crash during a delete (the
+			// volume's next Create removes it): not a reason to refuse to
+			// serve the other volumes.
 			p.log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", dir)
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("replication of %s: volume: %w", name, err)
 		}
-		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID})
+		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: d.Events()})
 		if err != nil {
 			dev.Release()
 			return err
@@ -103,6 +106,13 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 	}
 	d.AddStatus("replication", func() any { return p.Statuses() })
 	d.SetReplicaMetrics(p.Metrics)
+	d.AddEventSource(func() []events.Event {
+		var out []events.Event
+		for _, st := range p.Statuses() {
+			out = append(out, eventsFromStatus(st)...)
+		}
+		return out
+	})
 	d.Handle("POST /v1/repl/{volume}/{op}", http.HandlerFunc(p.handle))
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, p.Statuses())
@@ -223,6 +233,11 @@ func Configure(dataDir, name string, s Settings) (Settings, error) {
 		}
 		return s, fmt.Errorf("replication of %s: %w", name, err)
 	}
+	// State still in the old layout moves first (or the refusal names both
+	// places), so that the settings land beside it.
+	if err := migrateVolume(dataDir, name, nil); err != nil {
+		return s, err
+	}
 	dir := Dir(dataDir, name)
 	if old, err := LoadSettings(dir); err == nil && s.NodeID == 0 {
 		s.NodeID = old.NodeID
@@ -235,30 +250,10 @@ func Configure(dataDir, name string, s Settings) (Settings, error) {
 	return s, SaveSettings(dir, s)
 }
 
-// SettingsFromConfig converts a config file's replication section (times
-// as durations) to Settings (times in ticks). The tick is a tenth of the
-// ping interval, between 10 ms and 100 ms, so every timeout keeps at
-// least ten ticks of resolution.
-func SettingsFromConfig(c config.Replication) Settings {
-	c = c.WithDefaults()
-	tick := min(max(time.Duration(c.PingInterval)/10, 10*time.Millisecond), 100*time.Millisecond)
-	ticks := func(d time.Duration) int { return max(1, int((d+tick-1)/tick)) }
-	return Settings{
-		Listen: c.Listen, Peer: c.Peer, Protocol: strings.ToUpper(c.Protocol), Role: c.Role,
-		SplitBrain: c.SplitBrain, Dial: c.Dial,
-		TickMillis:    int(tick / time.Millisecond),
-		PingInterval:  ticks(time.Duration(c.PingInterval)),
-		PingTimeout:   ticks(time.Duration(c.PingTimeout)),
-		KoTicks:       ticks(time.Duration(c.KoTimeout)),
-		ALRetireTicks: ticks(5 * time.Second),
-		ResyncRate:    int64(c.ResyncRate),
-		ResyncMinRate: int64(c.ResyncMinRate),
-		Checksum:      c.Checksum,
-	}
-}
-
 // VolumeDeleted stops a deleted volume's replica and lets go of its
-// device (daemon.VolumeDeleter); DeleteHooks then remove its state.
+// device (daemon.VolumeDeleter). Its state went with the volume's state
+// directory (volume.Store.Delete; the daemon removes anything the replica
+// wrote there before it stopped).
 func (p *Plugin) VolumeDeleted(name string) {
 	p.mu.Lock()
 	r := p.replicas[name]
@@ -287,6 +282,10 @@ func (p *Plugin) VolumeDeleted(name string) {
 func ResizeCheck(dataDir, name string, size int64) error {
 	s, err := LoadSettings(Dir(dataDir, name))
 	if err != nil {
+		// Not yet moved from the old layout (no start since the upgrade)?
+		s, err = LoadSettings(legacyDir(dataDir, name))
+	}
+	if err != nil {
 		return nil // not replicated (or no readable settings: nothing to keep in step)
 	}
 	return fmt.Errorf("volume %s is replicated (peer %s): resizing one copy would leave the pair unable to reconnect (sizes must match). "+
@@ -294,21 +293,25 @@ func ResizeCheck(dataDir, name string, size int64) error {
 		name, s.Peer, daemon.ErrReplicated)
 }
 
-// DeleteHooks keep replication state in step with volume deletion
-// (pass in daemon.Options.Hooks). A replicated volume is only
-// deleted with force: its replication state (generations, bitmap) goes
-// with it, and the peer keeps its copy and its own configuration.
-var DeleteHooks = daemon.DeleteHooks{
-	Check: func(dataDir, name string, force bool) error {
-		s, err := LoadSettings(Dir(dataDir, name))
-		if err != nil || force {
-			return nil
-		}
-		return fmt.Errorf("volume %s is replicated (peer %s): deleting it also deletes its replication state; "+
-			"use --force to delete both (the peer keeps its copy; remove the volume's replication section from the config file too, or it is set up again at the next start): %w",
-			name, s.Peer, volume.ErrInUse)
-	},
-	Deleted: func(dataDir, name string) {
-		os.RemoveAll(Dir(dataDir, name))
-	},
+// DeleteCheck refuses to delete a replicated volume without force (pass
+// in daemon.Options.Hooks): its replication state (generations, bitmap) is
+// in the volume's state directory and goes with it; the peer keeps its copy
+// and its own configuration. State still in the old layout (no daemon
+// started since the upgrade) is not deleted with the volume, so the delete
+// is refused until a start moves it.
+func DeleteCheck(dataDir, name string, force bool) error {
+	if _, err := os.Lstat(legacyDir(dataDir, name)); err == nil {
+		return fmt.Errorf("volume %s has replication state in the old location %s: start vmsan serve once to move it into the volume's state directory "+
+			"(or remove it), then delete the volume: %w", name, legacyDir(dataDir, name), volume.ErrInUse)
+	}
+	s, err := LoadSettings(Dir(dataDir, name))
+	if err != nil || force {
+		return nil
+	}
+	return fmt.Errorf("volume %s is replicated (peer %s): deleting it also deletes its replication state; "+
+		"use --force to delete both (the peer keeps its copy; remove the volume's replication section from the config file too, or it is set up again at the next start): %w",
+		name, s.Peer, volume.ErrInUse)
 }
+
+// settingsRel is config.json relative to a volume's state directory.
+var settingsRel = filepath.Join("repl", "config.json")

@@ -5,10 +5,21 @@
 //
 // Simplest use (what the daemon plugin in plugin.go does per volume):
 //
+//	dir := driver.Dir(dataDir, "vm1")  // repl/ in the volume's state directory
+//	s, err := driver.LoadSettings(dir) // replset.Settings with the node id
 //	r, err := driver.Start(driver.Options{Name: "vm1", Dir: dir, Device: dev, Settings: s})
-//	front := r.Wrap(dev)   // hand this to the NBD server instead of dev
+//	front := r.Wrap(dev)   // hand this to the front ends instead of dev
 //	...
 //	r.Close()              // clean stop: bitmap complete on disk
+//
+// Files: replica.go (Start, the loop, local I/O: the secondary submits
+// applies with ioengine.Request.More while more are queued, so its writes
+// are gathered by what is queued), link.go (the two TCP connections),
+// store.go (Settings on disk, meta.json, bitmap.bin, al.bin), migrate.go
+// (moving state from the old <data_dir>/repl/<volume>), plugin.go (the
+// daemon plugin, Configure, the delete and resize checks), observe.go and
+// status.go (logs, metrics, status), device.go (the wrapped device).
+// Received payloads come from the shared aligned buffer pool (alignbuf).
 //
 // Concurrency: one goroutine (the loop) owns the repl.Node; everything else
 // (network readers and writers, the apply submitter, the resync reader,
@@ -34,6 +45,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
@@ -42,13 +54,16 @@ import (
 // Options configure a Replica.
 type Options struct {
 	Name     string // volume name (also checked in the connection hello)
-	Dir      string // where meta.json, al.json, bitmap.bin live
+	Dir      string // where meta.json, al.bin, bitmap.bin live (Dir(dataDir, Name))
 	Device   export.Device
 	Settings Settings
 	Logger   *slog.Logger
 	// DataID is the volume's data identity (volume.Meta.DataID); "" when
 	// unknown (no check). See checkDataID.
 	DataID string
+	// Events, if set, gets the replica's state changes and resync progress
+	// (`vmsan events`; the daemon's bus).
+	Events *events.Bus
 }
 
 // Replica is one replicated volume on this node.
@@ -58,6 +73,7 @@ type Replica struct {
 	dev  export.Device
 	st   *state
 	log  *slog.Logger
+	bus  *events.Bus // nil: no events
 	tick time.Duration
 
 	node *repl.Node // loop only
@@ -151,14 +167,13 @@ type pubKey struct {
 // the listener and (if this side dials) the dialer.
 func Start(o Options) (*Replica, error) {
 	s := o.Settings
-	if err := s.Validate(); err != nil {
+	if err := validateStored(s); err != nil {
 		return nil, err
 	}
+	s = s.WithDefaults()
 	proto, _ := repl.ParseProtocol(s.Protocol)
 	sb, _ := repl.ParseSplitBrainPolicy(s.SplitBrain)
-	if s.TickMillis <= 0 {
-		s.TickMillis = 100
-	}
+	tk := s.Ticks()
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
@@ -199,16 +214,13 @@ func Start(o Options) (*Replica, error) {
 	m, words, al = checkDataID(m, words, al, found, o.DataID, log)
 	cfg := repl.Config{
 		NodeID: s.NodeID, Size: o.Device.Info().Size, Protocol: proto, SplitBrain: sb,
-		PingInterval: s.PingInterval, PingTimeout: s.PingTimeout, KoTicks: s.KoTicks, ALRetireTicks: s.ALRetireTicks,
+		PingInterval: tk.PingInterval, PingTimeout: tk.PingTimeout, KoTicks: tk.KoTicks, ALRetireTicks: tk.ALRetireTicks,
+		ResyncRate: tk.ResyncRate, ResyncMinRate: tk.ResyncMinRate,
 		Checksum: s.Checksum, Rand: randGen,
 	}
-	if s.ResyncRate > 0 {
-		cfg.ResyncRate = max(1, s.ResyncRate*int64(s.TickMillis)/1000)
-		cfg.ResyncMinRate = s.ResyncMinRate * int64(s.TickMillis) / 1000
-	}
 	r := &Replica{
-		name: o.Name, set: s, dev: o.Device, st: st, log: log,
-		tick:    time.Duration(s.TickMillis) * time.Millisecond,
+		name: o.Name, set: s, dev: o.Device, st: st, log: log, bus: o.Events,
+		tick:    tk.Tick,
 		node:    repl.NewNode(cfg, m, words, al),
 		events:  make(chan event, 1024),
 		clients: make(map[uint64]*ioengine.Request),
@@ -436,7 +448,7 @@ func (r *Replica) process() error {
 				r.link.send(m)
 			}
 		}
-		for _, a := range rd.Apply {
+		for i, a := range rd.Apply {
 			// Submit on the loop when nothing is queued for the submitter
 			// (so order is kept) and few applies are in flight (so the
 			// engine, whose Submit blocks only when MaxQueue requests are
@@ -445,7 +457,8 @@ func (r *Replica) process() error {
 			// over and the loop never waits for the engine.
 			if r.queued.Load() == 0 && r.inflight.Load() < directSubmitMax {
 				r.inflight.Add(1)
-				r.submit(a)
+				// More: the rest of this batch follows right after.
+				r.submit(a, i < len(rd.Apply)-1)
 				continue
 			}
 			r.inflight.Add(1)
@@ -519,7 +532,10 @@ func (r *Replica) submitter() {
 		if !ok {
 			return
 		}
-		r.submit(a)
+		// queued still counts a: more than 1 means the next apply is
+		// already in applyQ, submitted right after this one (the engine's
+		// More hint, so a sequential stream keeps being gathered).
+		r.submit(a, r.queued.Load() > 1)
 		// INVARIANT: queued counts applies pushed and not yet handed to
 		// the engine; the loop submits directly only when it is 0, so the
 		// engine sees applies in the node's order.
@@ -527,11 +543,14 @@ func (r *Replica) submitter() {
 	}
 }
 
-// submit hands one apply to the engine. REQUIRES: called by the loop
-// (when queued == 0) or by the submitter, never both at once for
-// consecutive applies (see queued).
-func (r *Replica) submit(a repl.Apply) {
-	req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID}
+// submit hands one apply to the engine; more says the caller holds the
+// next apply already (ioengine.Request.More: the secondary has the
+// replication stream's window in hand, so its writes are gathered by what
+// is queued rather than by the engine's timed backstop alone).
+// REQUIRES: called by the loop (when queued == 0) or by the submitter,
+// never both at once for consecutive applies (see queued).
+func (r *Replica) submit(a repl.Apply, more bool) {
+	req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID, More: more}
 	switch a.Op {
 	case repl.OpWrite:
 		req.Op = ioengine.OpWrite

@@ -10,87 +10,95 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-
 	"syscall"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/atomicfile"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/replset"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
-// Settings are a replicated volume's configuration, stored as
-// <data_dir>/repl/<volume>/config.json (written by `vmsan repl configure`).
-type Settings struct {
-	// Listen is this node's replication address for the volume, Peer the
-	// other node's. The node whose Listen sorts lower dials; the other only
-	// accepts, so the two never race to build two connections.
-	Listen string `json:"listen"`
-	Peer   string `json:"peer"`
-	// Protocol "A", "B" or "C" (default).
-	Protocol string `json:"protocol,omitempty"`
-	// Role at the very first start ("primary" or "secondary"); afterwards
-	// the persisted role wins (change it with promote/demote).
-	Role string `json:"role,omitempty"`
-	// SplitBrain policy: disconnect (default), discard-zero-changes,
-	// discard-younger-primary, discard-least-changes.
-	SplitBrain string `json:"split_brain,omitempty"`
-	// Dial: "auto" (default: the lower Listen dials), "yes" or "no". Set
-	// explicitly when the peer address is a proxy or NAT address.
-	Dial string `json:"dial,omitempty"`
-	// NodeID identifies this node (random, chosen by configure).
-	NodeID uint64 `json:"node_id"`
+// Settings are a replicated volume's configuration (replset.Settings),
+// stored as config.json in the volume's replication directory (Dir;
+// written by `vmsan repl configure` or from the configuration file), with
+// the node's NodeID.
+type Settings = replset.Settings
 
-	TickMillis   int `json:"tick_ms,omitempty"`       // default 100
-	PingInterval int `json:"ping_interval,omitempty"` // ticks, default 10
-	PingTimeout  int `json:"ping_timeout,omitempty"`  // ticks, default 60
-	KoTicks      int `json:"ko_ticks,omitempty"`      // ticks, default 100
-	// ALRetireTicks: activity-log extents idle this long are retired.
-	ALRetireTicks int `json:"al_retire_ticks,omitempty"` // ticks, default 50
-	// ResyncRate in bytes per second (0: unlimited); with ResyncMinRate the
-	// dynamic controller gives resync what application writes leave.
-	ResyncRate    int64 `json:"resync_rate,omitempty"`
-	ResyncMinRate int64 `json:"resync_min_rate,omitempty"`
-	Checksum      bool  `json:"checksum_resync,omitempty"`
+// Dir is where a volume's replication files live: repl/ in the volume's
+// state directory (volume.StatePath), so deleting the volume deletes them.
+// REQUIRES: name passed volume.ValidateName (Configure checks it; other
+// callers only read, and the store validates before acting).
+func Dir(dataDir, name string) string {
+	return filepath.Join(dataDir, volume.VolumesDir, name+volume.StateExt, "repl")
 }
 
-// Dir is where a volume's replication files live.
-func Dir(dataDir, volume string) string { return filepath.Join(dataDir, "repl", volume) }
-
 // LoadSettings reads config.json; os.ErrNotExist means "not replicated".
+// A file written before settings were durations (tick_ms and counts of
+// ticks) is read as the same times.
 func LoadSettings(dir string) (Settings, error) {
 	var s Settings
 	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return s, err
 	}
-	if err := json.Unmarshal(b, &s); err != nil {
+	if s, err = DecodeSettings(b); err != nil {
 		return s, fmt.Errorf("%s: %w", dir, err)
 	}
-	return s, s.Validate()
+	return s, validateStored(s)
 }
 
-// Validate checks the settings.
-func (s Settings) Validate() error {
-	if s.Listen == "" || s.Peer == "" {
-		return errors.New("repl: listen and peer addresses are required")
+// DecodeSettings decodes a config.json, either layout (without validating:
+// LoadSettings does; doctor reports what it finds).
+func DecodeSettings(b []byte) (Settings, error) {
+	var s Settings
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return s, err
 	}
-	if s.Listen == s.Peer {
-		return errors.New("repl: listen and peer must differ")
+	legacy := false
+	for _, k := range []string{"tick_ms", "ko_ticks", "al_retire_ticks", "ping_interval", "ping_timeout"} {
+		if v, ok := keys[k]; ok && (k == "tick_ms" || k == "ko_ticks" || k == "al_retire_ticks" || (len(v) > 0 && v[0] != '"')) {
+			legacy = true
+		}
 	}
-	if _, err := repl.ParseProtocol(s.Protocol); err != nil {
+	if !legacy {
+		err := json.Unmarshal(b, &s)
+		return s, err
+	}
+	// The layout before durations: times in ticks of tick_ms (100 by
+	// default), zero meaning the default.
+	var old struct {
+		Settings
+		TickMillis    int `json:"tick_ms"`
+		PingInterval  int `json:"ping_interval"`
+		PingTimeout   int `json:"ping_timeout"`
+		KoTicks       int `json:"ko_ticks"`
+		ALRetireTicks int `json:"al_retire_ticks"`
+	}
+	if err := json.Unmarshal(b, &old); err != nil {
+		return s, err
+	}
+	s = old.Settings
+	tick := 100 * time.Millisecond
+	if old.TickMillis > 0 {
+		tick = time.Duration(old.TickMillis) * time.Millisecond
+	}
+	s.Tick = replset.Duration(tick) // the tick it ran with, not a derived one
+	d := func(n int) replset.Duration {
+		if n <= 0 {
+			return 0
+		}
+		return replset.Duration(time.Duration(n) * tick)
+	}
+	s.PingInterval, s.PingTimeout, s.KoTimeout, s.ALRetire = d(old.PingInterval), d(old.PingTimeout), d(old.KoTicks), d(old.ALRetireTicks)
+	return s, nil
+}
+
+// validateStored checks settings as stored: valid, and with a node id.
+func validateStored(s Settings) error {
+	if err := s.Validate(); err != nil {
 		return err
-	}
-	if _, err := repl.ParseSplitBrainPolicy(s.SplitBrain); err != nil {
-		return err
-	}
-	switch s.Role {
-	case "", "primary", "secondary":
-	default:
-		return fmt.Errorf("repl: role %q (want primary or secondary)", s.Role)
-	}
-	switch s.Dial {
-	case "", "auto", "yes", "no":
-	default:
-		return fmt.Errorf("repl: dial %q (want auto, yes or no)", s.Dial)
 	}
 	if s.NodeID == 0 {
 		return errors.New("repl: node_id must be set")
@@ -100,7 +108,7 @@ func (s Settings) Validate() error {
 
 // SaveSettings writes config.json atomically.
 func SaveSettings(dir string, s Settings) error {
-	if err := s.Validate(); err != nil {
+	if err := validateStored(s); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(dir, dirMode); err != nil {

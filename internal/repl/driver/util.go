@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"sync"
 
+	"github.com/vmsan/vmsan/internal/alignbuf"
 	"github.com/vmsan/vmsan/internal/repl"
 )
 
@@ -136,35 +137,15 @@ func zeroHash(length int64) [repl.HashSize]byte {
 	return h
 }
 
-// Receive buffers are pooled by power-of-two size class (4 KiB .. 32 MiB):
-// a secondary under a 4 KiB random-write stream would otherwise allocate
-// (and the GC scan) one buffer per replicated write.
-const (
-	rxMinClassLog = 12
-	rxMaxClassLog = 25
-)
+// Receive buffers come from the project's one pool of I/O buffers
+// (alignbuf, shared with the backend's bounce buffers and the front ends'
+// payloads): a secondary under a 4 KiB random-write stream would otherwise
+// allocate (and the GC scan) one buffer per replicated write. They are
+// page-aligned, so an O_DIRECT backend writes them without a bounce copy.
 
-var rxPools [rxMaxClassLog - rxMinClassLog + 1]sync.Pool
-
-func rxClass(n int) int {
-	c := 0
-	for 1<<(c+rxMinClassLog) < n {
-		c++
-	}
-	return c
-}
-
-// getRxBuf returns a buffer of length n, pooled when n fits a class.
-func getRxBuf(n int) []byte {
-	c := rxClass(n)
-	if c >= len(rxPools) {
-		return make([]byte, n)
-	}
-	if p, ok := rxPools[c].Get().(*[]byte); ok {
-		return (*p)[:n]
-	}
-	return make([]byte, n, 1<<(c+rxMinClassLog))
-}
+// getRxBuf returns a buffer of length n (pooled up to alignbuf's largest
+// class).
+func getRxBuf(n int) []byte { return *alignbuf.Get(n) }
 
 // putRxBuf recycles a buffer from getRxBuf.
 //
@@ -174,10 +155,5 @@ func putRxBuf(b []byte) {
 	if cap(b) == 0 {
 		return
 	}
-	c := rxClass(cap(b))
-	if c >= len(rxPools) || cap(b) != 1<<(c+rxMinClassLog) {
-		return
-	}
-	b = b[:0]
-	rxPools[c].Put(&b)
+	alignbuf.Put(&b)
 }

@@ -28,6 +28,13 @@ var expectedFailures = map[string]string{
 	// reconnect), so no Data-Out carries the bad DataSN and the write
 	// succeeds. tgt fails all four cases.
 	"iSCSIdatasn.iSCSIDataSnInvalid": "test's ImmediateData override is lost on libiscsi's reconnect",
+	// The test's second loop asks GET LBA STATUS for LBA i+1 and then
+	// requires the first descriptor to start at i+LBPPB (logical blocks
+	// per physical block). SBC-3 says the first descriptor starts at the
+	// requested LBA, so the check only holds when LBPPB is 1; vmsan's
+	// volumes report 4096-byte physical blocks (LBPPB 8). tgt skips the
+	// test (no thin provisioning).
+	"GetLBAStatus.UnmapSingle": "test expects LBA i+LBPPB for a request at i+1; holds only with LBPPB 1",
 }
 
 type cuResult string

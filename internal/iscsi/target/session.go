@@ -327,11 +327,9 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		len(f.Data) > int(ss.params.FirstBurstLength)) {
 		return bad(pdu.RejectProtocolError)
 	}
-	if h.Write && !h.Final && (ss.params.InitialR2T || uint32(len(f.Data)) >= edtl) {
-		// Unsolicited Data-Out announced where none is allowed or needed.
-		if ss.params.InitialR2T {
-			return bad(pdu.RejectProtocolError)
-		}
+	if h.Write && !h.Final && ss.params.InitialR2T {
+		// Unsolicited Data-Out announced where InitialR2T=Yes forbids it.
+		return bad(pdu.RejectProtocolError)
 	}
 	ss.mu.Lock()
 	_, dup := ss.tasks[h.ITT]
@@ -827,8 +825,11 @@ func (ss *session) logout(h *pdu.LogoutRequest, f pdu.Frame) error {
 		return nil
 	}
 	ss.loggingOut = true
-	// Tasks in flight complete and are answered first (RFC 7143 11.14:
-	// the logout response ends the session once they are done).
+	// Commands still waiting for Data-Out will not get it (the initiator
+	// is logging out): they end now. Those executing complete and are
+	// answered first (RFC 7143 11.14: the logout response ends the
+	// session once they are done).
+	ss.abortTasks(func(t *task) bool { return !t.executing })
 	go func() {
 		ss.mu.Lock()
 		for len(ss.tasks) > 0 || ss.tmfs > 0 {

@@ -567,3 +567,21 @@ func TestCmdSNWindow(t *testing.T) {
 		t.Fatalf("the command outside the window ran (%d executions)", n)
 	}
 }
+
+// TestLogoutWithPendingWrite: a logout while a write still waits for its
+// Data-Out is answered (the write ends) instead of waiting forever.
+func TestLogoutWithPendingWrite(t *testing.T) {
+	ts := startServer(t, nil)
+	i := dial(t, ts.addr)
+	i.login("InitialR2T", "Yes", "ImmediateData", "No")
+	i.send(&pdu.SCSICommand{Final: true, Write: true, ITT: 1, ExpectedDataTransferLength: 4096, CmdSN: i.cmdSN, CDB: writeCDB(0, 8)}, nil)
+	i.cmdSN++
+	expect[*pdu.R2T](i)
+	i.send(&pdu.LogoutRequest{Immediate: true, Reason: pdu.LogoutCloseSession, ITT: 2, CmdSN: i.cmdSN}, nil)
+	if lr, _ := expect[*pdu.LogoutResponse](i); lr.ITT != 2 || lr.Response != pdu.LogoutClosedSuccessfully {
+		t.Fatalf("logout response %+v", lr)
+	}
+	if ts.lu.execs.Load() != 0 {
+		t.Fatal("the write without its data ran")
+	}
+}

@@ -10,6 +10,17 @@
 //	lu.Execute(&scsi.Task{Nexus: n, LUN: 0, CDB: cdb, ExpectedIn: edtl},
 //		func(r *scsi.Result) { send(r.Status, r.Sense, r.DataIn); r.Release() })
 //
+// What lives here: target.go (Config, Target, Execute's checks in SPC-4
+// order: opcode and CDB usage mask, logical unit, unit attention, ALUA
+// state, reservation conflict; pooled commands and residuals), lu.go (a
+// logical unit: device, identity, unit attentions per I_T nexus), cmds.go
+// (the command table: usage masks and classes), rw.go (the data path:
+// READ/WRITE/VERIFY/WRITE SAME/UNMAP/COMPARE AND WRITE/ORWRITE/GET LBA
+// STATUS over ioengine requests), inquiry.go (INQUIRY, VPD, REPORT LUNS,
+// REQUEST SENSE, RTPG, RSOC, RSTMF), mode.go, pr.go (persistent
+// reservations, RESERVE/RELEASE, APTPL state), sense.go. docs/iscsi.md
+// ("SCSI command set") lists what is implemented.
+//
 // Concurrency: a Target is safe for concurrent use by every session of
 // every transport; done may run on the caller's goroutine before Execute
 // returns or on an engine goroutine, exactly once.

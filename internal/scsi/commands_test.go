@@ -612,3 +612,140 @@ func TestORWrite(t *testing.T) {
 	f.check(f.n, cdb16(opORWrite, 0, testSize/512-1, 2), a, 0, KeyIllegalRequest, 0x21, 0)
 	f.check(f.n, cdb16(opORWrite, 0x20, 0, 1), a[:512], 0, KeyIllegalRequest, 0x24, 0)
 }
+
+// TestGetLBAStatusFirstDescriptor: the first descriptor starts at the
+// queried LBA (SBC-3), mapped or not, whatever the physical block
+// (libiscsi's GetLBAStatus.UnmapSingle walk, 512e: 8 blocks per 4 KiB).
+func TestGetLBAStatusFirstDescriptor(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	status := func(at uint64) (uint64, uint32, uint8) {
+		b := cdb16(opServiceActionIn, saGetLBAStatus, at, 0)
+		binary.BigEndian.PutUint32(b[10:], 24)
+		d := f.good(f.n, b, nil, 24).data
+		return binary.BigEndian.Uint64(d[8:]), binary.BigEndian.Uint32(d[16:]), d[20]
+	}
+	for i := uint64(8); i+8 <= 256; i += 8 {
+		f.good(f.n, cdb10(opWrite10, 0, 0, 264), pattern(264*512, 1), 0)
+		pl := make([]byte, 24)
+		binary.BigEndian.PutUint16(pl[0:], 22)
+		binary.BigEndian.PutUint16(pl[2:], 16)
+		binary.BigEndian.PutUint32(pl[16:], uint32(i))
+		f.good(f.n, []byte{opUnmap, 0, 0, 0, 0, 0, 0, 0, 24, 0}, pl, 0)
+		if l, n, st := status(0); l != 0 || uint64(n) != i || st != 1 {
+			t.Fatalf("i=%d at 0: lba %d n %d status %d", i, l, n, st)
+		}
+		if l, _, st := status(i + 1); l != i+1 || st != 0 {
+			t.Fatalf("i=%d at %d: lba %d status %d", i, i+1, l, st)
+		}
+		if l, _, st := status(i - 1); l != i-1 || st != 1 {
+			t.Fatalf("i=%d at %d: lba %d status %d", i, i-1, l, st)
+		}
+	}
+}
+
+// TestMiscCommandsAndErrors covers the small commands and error paths.
+func TestMiscCommandsAndErrors(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	f.good(f.n, []byte{opStartStopUnit, 0x01, 0, 0, 0x01, 0}, nil, 0)
+	f.good(f.n, []byte{opPreventAllow, 0, 0, 0, 0x01, 0}, nil, 0)
+	// READ CAPACITY(10) with an LBA but no PMI.
+	f.check(f.n, []byte{opReadCapacity10, 0, 0, 0, 0, 1, 0, 0, 0, 0}, nil, 8, KeyIllegalRequest, 0x24, 0)
+	// MODE SELECT: SP, a block descriptor of another size, a short list,
+	// a page beyond the list, an unknown page.
+	f.check(f.n, []byte{opModeSelect6, 0x11, 0, 0, 4, 0}, make([]byte, 4), 0, KeyIllegalRequest, 0x24, 0)
+	bd := make([]byte, 12)
+	bd[3] = 8
+	bd[4+6], bd[4+7] = 0x10, 0 // block length 4096 on a 512-byte LU
+	f.check(f.n, []byte{opModeSelect6, 0x10, 0, 0, 12, 0}, bd, 0, KeyIllegalRequest, 0x26, 0)
+	f.check(f.n, []byte{opModeSelect10, 0x10, 0, 0, 0, 0, 0, 0, 4, 0}, make([]byte, 4), 0, KeyIllegalRequest, 0x1A, 0)
+	f.check(f.n, []byte{opModeSelect6, 0x10, 0, 0, 8, 0}, []byte{0, 0, 0, 0, 0x0A, 0x0A, 0, 0}, 0, KeyIllegalRequest, 0x1A, 0)
+	f.check(f.n, []byte{opModeSelect6, 0x10, 0, 0, 8, 0}, []byte{0, 0, 0, 0, 0x19, 0x02, 0, 0}, 0, KeyIllegalRequest, 0x26, 0)
+	f.good(f.n, []byte{opModeSelect6, 0x10, 0, 0, 0, 0}, nil, 0)
+	// Saved values are the defaults; an unknown subpage is refused.
+	f.good(f.n, []byte{opModeSense6, 0, 0xC0 | 0x3F, 0, 255, 0}, nil, 255)
+	f.check(f.n, []byte{opModeSense6, 0, 0x3F, 0x05, 255, 0}, nil, 255, KeyIllegalRequest, 0x24, 0)
+	// RTPG with a reserved parameter data format.
+	f.check(f.n, []byte{opMaintenanceIn, 0x40 | saReportTPG, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}, nil, 256, KeyIllegalRequest, 0x24, 0)
+	// A CDB shorter than its command.
+	f.check(f.n, []byte{opRead10, 0, 0, 0}, nil, 512, KeyIllegalRequest, 0x24, 0)
+	if f.tg.MaxDataOut() < 32<<20 {
+		t.Fatalf("MaxDataOut %d", f.tg.MaxDataOut())
+	}
+}
+
+func TestErrSenseClasses(t *testing.T) {
+	for _, tc := range []struct {
+		err            error
+		key, asc, ascq uint8
+	}{
+		{syscall.EINVAL, KeyIllegalRequest, 0x21, 0},
+		{syscall.ENOMEM, KeyAbortedCommand, 0, 0},
+		{syscall.ESHUTDOWN, KeyNotReady, 0x04, 0},
+		{syscall.EOPNOTSUPP, KeyHardwareError, 0x44, 0},
+		{syscall.EDQUOT, KeyDataProtect, 0x27, 0x07},
+	} {
+		s := errSense(tc.err, true)
+		if s.key != tc.key || s.asc != tc.asc || s.ascq != tc.ascq {
+			t.Errorf("%v: %x/%x/%x", tc.err, s.key, s.asc, s.ascq)
+		}
+	}
+}
+
+func TestRegisterMoveErrors(t *testing.T) {
+	f := newFixture(t)
+	a, b := nexus("iqn.a", 1), nexus("iqn.b", 2)
+	f.ready(a)
+	f.ready(b)
+	f.prOK(a, prRegister, 0, 0, 0xA, 0)
+	move := func(n *Nexus, key, saKey uint64, rel uint16, tid []byte) res {
+		pl := make([]byte, 24+len(tid))
+		binary.BigEndian.PutUint64(pl[0:], key)
+		binary.BigEndian.PutUint64(pl[8:], saKey)
+		binary.BigEndian.PutUint16(pl[18:], rel)
+		binary.BigEndian.PutUint32(pl[20:], uint32(len(tid)))
+		copy(pl[24:], tid)
+		return f.exec(n, []byte{opPROut, prRegisterMove, prTypeWE, 0, 0, 0, 0, 0, byte(len(pl)), 0}, pl, 0)
+	}
+	tid := transportID(b.InitiatorPort)
+	// Not the holder (no reservation yet): conflict.
+	if r := move(a, 0xA, 0xB, 2, tid); r.status != StatusReservationConflict {
+		t.Fatalf("move without reservation: %#x", r.status)
+	}
+	f.prOK(a, prReserve, prTypeWE, 0xA, 0, 0)
+	for _, tc := range []struct {
+		saKey uint64
+		rel   uint16
+		tid   []byte
+	}{
+		{0, 2, tid},                             // service action key 0
+		{0xB, 0, tid},                           // relative port 0
+		{0xB, 2, []byte{0x01, 0, 0, 4, 'x', 0}}, // not an iSCSI TransportID
+		{0xB, 1, transportID(a.InitiatorPort)},  // to itself
+	} {
+		if r := move(a, 0xA, tc.saKey, tc.rel, tc.tid); r.status != StatusCheckCondition {
+			t.Errorf("move %+v: status %#x", tc, r.status)
+		}
+	}
+	if port, _, ok := parseTransportID(transportID("iqn.x")); !ok || port != "iqn.x" {
+		t.Fatalf("format 0 TransportID: %q %v", port, ok)
+	}
+}
+
+// TestVolumeRecreated: a volume deleted under an open logical unit
+// (volrt.ErrVolumeGone) fails the command, and the next one opens the
+// volume now registered under that name.
+func TestVolumeRecreated(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	f.good(f.n, cdb10(opWrite10, 0, 0, 1), pattern(512, 1), 0)
+	f.dev.Volume.MarkGone()
+	f.check(f.n, cdb10(opRead10, 0, 0, 1), nil, 512, KeyMediumError, 0x11, 0)
+	dev2 := exporttest.NewMemDevice(t, "vol", testSize)
+	f.reg.Add(dev2)
+	f.check(f.n, tur, nil, 0, KeyUnitAttention, 0x29, 0) // a new logical unit
+	if d := f.good(f.n, cdb10(opRead10, 0, 0, 1), nil, 512).data; !bytes.Equal(d, make([]byte, 512)) {
+		t.Fatal("read the deleted volume's data")
+	}
+}

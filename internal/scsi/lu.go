@@ -78,6 +78,9 @@ type lu struct {
 	dsense    atomic.Bool  // control page D_SENSE
 	swp       atomic.Bool  // control page SWP
 	rsvActive atomic.Bool  // a reservation or registration exists
+	// stale is set when the device reported its volume deleted
+	// (volrt.ErrVolumeGone): the next lookup opens the name again.
+	stale atomic.Bool
 
 	mu    sync.Mutex
 	nexus sync.Map // *Nexus -> *itl (creation under mu)

@@ -3,6 +3,7 @@ package scsi
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -449,6 +450,9 @@ func miscompareAt(a, b []byte) (senseInfo, bool) {
 // the command according to c.stage.
 func (c *cmd) engineDone(r *ioengine.Request) {
 	if r.Err != nil {
+		if errors.Is(r.Err, volrt.ErrVolumeGone) {
+			c.lu.stale.Store(true)
+		}
 		write := c.stage != stRead && c.stage != stVerify && c.stage != stCAWRead && c.stage != stORRead
 		c.unlockGate()
 		c.res.DataIn = nil
@@ -562,6 +566,9 @@ func (c *cmd) getLBAStatus() {
 	bs := int64(c.lu.bs)
 	exts, err := c.lu.dev.Extents(int64(lba)*bs, int64(span)*bs)
 	if err != nil {
+		if errors.Is(err, volrt.ErrVolumeGone) {
+			c.lu.stale.Store(true)
+		}
 		c.fail(errSense(err, false))
 		return
 	}

@@ -184,7 +184,7 @@ func (t *Target) lookup(lun uint64) *lu {
 	luns := t.cfg.LUNs()
 	if s := t.snap.Load(); s != nil && s.n == len(luns) && (s.n == 0 || s.first == &luns[0]) {
 		// Same map as last time: the open logical unit, if any, is current.
-		if v, ok := t.fast.Load(lun); ok {
+		if v, ok := t.fast.Load(lun); ok && !v.(*lu).stale.Load() {
 			return v.(*lu)
 		}
 	}
@@ -215,8 +215,9 @@ func (t *Target) lookup(lun uint64) *lu {
 		}
 	}
 	l := t.lus[lun]
-	if l != nil && (!found || l.vol != vol) {
-		// The LUN was removed or now names another volume.
+	if l != nil && (!found || l.vol != vol || l.stale.Load()) {
+		// The LUN was removed or now names another volume, or its volume
+		// was deleted under it (a volume of that name may exist again).
 		delete(t.lus, lun)
 		t.fast.Delete(lun)
 		go l.close()

@@ -14,6 +14,10 @@ import (
 // DefaultISCSIPort is the IANA iSCSI port.
 const DefaultISCSIPort = 3260
 
+// DefaultISCSIListen is the portal of `iscsi: {enable: true}` without a
+// listen list: loopback only, like the NBD default.
+const DefaultISCSIListen = "127.0.0.1:3260"
+
 // DefaultISCSIIQNPrefix prefixes the node's IQN:
 // iqn.2026-11.org.vmsan:NODE.
 const DefaultISCSIIQNPrefix = "iqn.2026-11.org.vmsan:"
@@ -25,7 +29,8 @@ const (
 )
 
 // ISCSI is the iSCSI front end's configuration (`iscsi:`). The front end
-// is off unless Listen has an entry (from the file or --iscsi-listen).
+// is off unless Listen has an entry (from the file or --iscsi-listen) or
+// Enable is set (then it listens on DefaultISCSIListen).
 //
 //	iscsi:
 //	  listen: ["0.0.0.0:3260", {addr: "10.0.1.5:3260", tpgt: 2}]
@@ -37,6 +42,9 @@ const (
 //	  targets:                    # per-volume overrides (mode per-volume)
 //	    - {volume: db, initiators: [iqn.2020-01.com.example:db1]}
 type ISCSI struct {
+	// Enable turns the front end on with the default portal when Listen
+	// is empty.
+	Enable bool          `yaml:"enable,omitempty"`
 	Listen []ISCSIPortal `yaml:"listen,omitempty"`
 	// NodeName names the node in the IQN (default: the host name).
 	NodeName string `yaml:"node_name,omitempty"`
@@ -151,7 +159,19 @@ type ISCSITarget struct {
 }
 
 // Enabled says the iSCSI front end is configured.
-func (c *ISCSI) Enabled() bool { return len(c.Listen) > 0 }
+func (c *ISCSI) Enabled() bool { return len(c.Listen) > 0 || c.Enable }
+
+// Portals returns the portals to listen on: Listen, or the default portal
+// when only Enable is set.
+func (c *ISCSI) Portals() []ISCSIPortal {
+	if len(c.Listen) > 0 {
+		return c.Listen
+	}
+	if c.Enable {
+		return []ISCSIPortal{{Addr: DefaultISCSIListen}}
+	}
+	return nil
+}
 
 // TargetName returns the node's IQN.
 func (c *ISCSI) TargetName() string {

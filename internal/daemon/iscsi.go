@@ -111,7 +111,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		Logger:        d.log,
 		Sessions:      f.sessions,
 	})
-	for _, p := range ic.Listen {
+	for _, p := range ic.Portals() {
 		ln, err := net.Listen("tcp", p.Addr)
 		if err != nil {
 			f.Close()

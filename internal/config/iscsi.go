@@ -108,15 +108,16 @@ func ParseISCSIPortal(s string) (ISCSIPortal, error) {
 	return p, p.validate()
 }
 
-// validatePortalAddr checks HOST:PORT with a numeric port 1..65535.
+// validatePortalAddr checks HOST:PORT with a numeric port 0..65535 (0:
+// any free port, for tests; SendTargets advertises the bound one).
 func validatePortalAddr(a string) error {
 	_, port, err := net.SplitHostPort(a)
 	if err != nil {
 		return err
 	}
 	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q: want 1..65535", port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q: want 0..65535", port)
 	}
 	return nil
 }

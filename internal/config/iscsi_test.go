@@ -33,7 +33,7 @@ func TestISCSIConfig(t *testing.T) {
 	}
 	for _, c := range []struct{ yaml, want string }{
 		{"iscsi: {listen: [\"unix:/x\"]}", "TCP only"},
-		{"iscsi: {listen: [\"127.0.0.1:0\"]}", "want 1..65535"},
+		{"iscsi: {listen: [\"127.0.0.1:99999\"]}", "want 0..65535"},
 		{"iscsi: {mode: cluster}", "want node or per-volume"},
 		{"iscsi: {auth: {user: u, secret: short}}", "12 to 255 bytes"},
 		{"iscsi: {auth: {user: u, secret: \"twelve-bytes\", secret_file: /x}}", "exactly one of secret and secret_file"},

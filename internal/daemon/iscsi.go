@@ -41,6 +41,9 @@ type iscsiFrontEnd struct {
 	perAuth   map[string]*target.CHAP // per-volume overrides
 	perACL    map[string][]string
 
+	stop     chan struct{} // ends watchCapacity
+	stopOnce sync.Once
+
 	mu        sync.Mutex
 	node      *scsi.Target            // mode node
 	perVolume map[string]*scsi.Target // mode per-volume, created on first use
@@ -81,7 +84,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	if !ic.Enabled() {
 		return nil, nil
 	}
-	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"),
+	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"), stop: make(chan struct{}),
 		perVolume: map[string]*scsi.Target{}, perAuth: map[string]*target.CHAP{}, perACL: map[string][]string{}}
 	f.luns = &lunMap{d: d, byVol: map[string]uint64{}}
 	var err error
@@ -196,6 +199,7 @@ func iqnVolume(n string) string { return strings.ToLower(n) }
 func (f *iscsiFrontEnd) Name() string { return "iscsi" }
 
 func (f *iscsiFrontEnd) Serve(ctx context.Context) error {
+	go f.watchCapacity()
 	errc := make(chan error, len(f.lns))
 	for i, ln := range f.lns {
 		go func(ln net.Listener, tag uint16) {
@@ -217,6 +221,7 @@ func (f *iscsiFrontEnd) Serve(ctx context.Context) error {
 }
 
 func (f *iscsiFrontEnd) Shutdown(ctx context.Context) error {
+	f.stopOnce.Do(func() { close(f.stop) })
 	err := f.srv.Shutdown(ctx)
 	f.closeSCSI()
 	if err != nil {
@@ -237,6 +242,7 @@ func (f *iscsiFrontEnd) closeSCSI() {
 }
 
 func (f *iscsiFrontEnd) Close() {
+	f.stopOnce.Do(func() { close(f.stop) })
 	f.closeOnce.Do(func() {
 		if f.srv != nil {
 			f.srv.Close()
@@ -246,6 +252,51 @@ func (f *iscsiFrontEnd) Close() {
 		}
 		f.closeSCSI()
 	})
+}
+
+// watchCapacity tells logged-in initiators about online resizes with an
+// Asynchronous Message (target.Server.NotifyCapacityChanged) by polling
+// the open volumes' sizes every second: a resize is rare, a poll reads one
+// atomic per volume, and no resize path has to know about iSCSI.
+func (f *iscsiFrontEnd) watchCapacity() {
+	last := map[string]int64{}
+	for name, v := range *f.d.vols.Load() {
+		last[name] = v.Size() // sizes when serving starts
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-tick.C:
+		}
+		vols := *f.d.vols.Load()
+		for name, v := range vols {
+			sz := v.Size()
+			if old, seen := last[name]; seen && old != sz {
+				f.notifyResize(name)
+			}
+			last[name] = sz
+		}
+		for name := range last {
+			if _, ok := vols[name]; !ok {
+				delete(last, name)
+			}
+		}
+	}
+}
+
+func (f *iscsiFrontEnd) notifyResize(vol string) {
+	if f.cfg.ModeOrDefault() == config.ISCSIModePerVolume {
+		f.srv.NotifyCapacityChanged(f.iqn+":"+iqnVolume(vol), 0)
+		return
+	}
+	for _, l := range f.luns.get() {
+		if l.Volume == vol {
+			f.srv.NotifyCapacityChanged(f.iqn, l.Number)
+		}
+	}
 }
 
 func (f *iscsiFrontEnd) addrs() []net.Addr {

@@ -585,3 +585,25 @@ func TestLogoutWithPendingWrite(t *testing.T) {
 		t.Fatal("the write without its data ran")
 	}
 }
+
+// TestAsyncCapacityChanged: NotifyCapacityChanged reaches the target's
+// sessions as an Asynchronous Message carrying 06/2A/09 for the LUN.
+func TestAsyncCapacityChanged(t *testing.T) {
+	ts := startServer(t, nil)
+	i := dial(t, ts.addr)
+	i.login()
+	if n := ts.srv.NotifyCapacityChanged(testIQN, 300); n != 1 {
+		t.Fatalf("told %d sessions", n)
+	}
+	am, f := expect[*pdu.AsyncMessage](i)
+	sense, err := pdu.ParseSenseData(f.Data)
+	if err != nil || am.AsyncEvent != pdu.AsyncSCSIEvent || decodeLUN(am.LUN) != 300 ||
+		len(sense) < 14 || sense[2]&0xf != 6 || sense[12] != 0x2a || sense[13] != 0x09 {
+		t.Fatalf("async message %+v sense %x (%v)", am, sense, err)
+	}
+	for _, l := range []uint64{0, 1, 255, 256, 16383} {
+		if decodeLUN(encodeLUN(l)) != l {
+			t.Errorf("LUN %d does not round-trip", l)
+		}
+	}
+}

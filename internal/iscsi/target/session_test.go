@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,6 +176,15 @@ func TestLoginStatuses(t *testing.T) {
 			}
 		})
 	}
+	t.Run("overlong value", func(t *testing.T) {
+		i := dial(t, ts.addr)
+		// Built by hand: text.Append refuses the overlong value.
+		data := []byte("InitiatorName=iqn.2026-11.test:" + strings.Repeat("x", 300) + "\x00TargetName=" + testIQN + "\x00")
+		rsp, _ := i.loginPDU(&pdu.LoginRequest{CSG: op}, data)
+		if rsp.Status != pdu.LoginInitiatorError {
+			t.Fatalf("status %v, want initiator error", rsp.Status)
+		}
+	})
 	t.Run("duplicate key", func(t *testing.T) {
 		i := dial(t, ts.addr)
 		data := append(keys("InitiatorName", "iqn.2026-11.test:ini", "TargetName", testIQN), keys("TargetName", testIQN)...)

@@ -617,3 +617,33 @@ func TestAsyncCapacityChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionBudget: write commands whose data has not arrived hold their
+// buffers against the session budget; past it the target answers BUSY
+// instead of allocating more (a client cannot make it hold unbounded
+// memory by announcing writes it never sends).
+func TestSessionBudget(t *testing.T) {
+	ts := startServer(t, func(c *Config, _ *Target) { c.SessionBudget = 1 << 20 })
+	i := dial(t, ts.addr)
+	i.login("InitialR2T", "Yes", "ImmediateData", "No")
+	for k := uint32(0); k < 3; k++ {
+		i.send(&pdu.SCSICommand{Final: true, Write: true, ITT: k, ExpectedDataTransferLength: 512 << 10, CmdSN: i.cmdSN, CDB: writeCDB(0, 1024)}, nil)
+		i.cmdSN++
+	}
+	r2ts, busy := 0, 0
+	for r2ts+busy < 3 {
+		f := i.recv()
+		switch h := f.Header.(type) {
+		case *pdu.R2T:
+			r2ts++
+		case *pdu.SCSIResponse:
+			if h.ITT != 2 || h.Status != pdu.StatusBusy {
+				t.Fatalf("response %+v", h)
+			}
+			busy++
+		}
+	}
+	if r2ts != 2 || busy != 1 {
+		t.Fatalf("%d R2Ts, %d BUSY; want 2 and 1", r2ts, busy)
+	}
+}

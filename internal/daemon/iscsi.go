@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/iscsi/target"
 	"github.com/vmsan/vmsan/internal/scsi"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -35,6 +36,7 @@ type iscsiFrontEnd struct {
 	tags     []uint16
 	sessions *volrt.Sessions
 	luns     *lunMap
+	holds    *holdRegistry // the registry the SCSI layer opens volumes through
 
 	discovery *target.CHAP
 	auth      *target.CHAP
@@ -87,6 +89,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"), stop: make(chan struct{}),
 		perVolume: map[string]*scsi.Target{}, perAuth: map[string]*target.CHAP{}, perACL: map[string][]string{}}
 	f.luns = &lunMap{d: d, byVol: map[string]uint64{}}
+	f.holds = &holdRegistry{Registry: registry{d}, d: d, n: map[*volrt.Volume]int64{}}
 	var err error
 	if f.discovery, err = chapFrom(ic.DiscoveryAuth); err != nil {
 		return nil, err
@@ -132,7 +135,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 // newSCSI builds the SCSI layer over the daemon's volumes.
 func (f *iscsiFrontEnd) newSCSI(luns func() []scsi.LUN) *scsi.Target {
 	return scsi.New(scsi.Config{
-		Registry:    registry{f.d},
+		Registry:    f.holds,
 		LUNs:        luns,
 		StateDir:    f.d.store.StateDir,
 		MaxTransfer: iscsiMaxTransfer,
@@ -197,6 +200,70 @@ func (f *iscsiFrontEnd) targets() []target.Target {
 func iqnVolume(n string) string { return strings.ToLower(n) }
 
 func (f *iscsiFrontEnd) Name() string { return "iscsi" }
+
+// IdleHolds implements idleHolder: the references the SCSI layer's
+// logical units hold on vol while no iSCSI session uses it. A logical
+// unit keeps its volume open between sessions (reservations and unit
+// attentions live there); that is not a connected client, so deleting the
+// volume needs no --force. A command that comes later finds the LUN gone.
+func (f *iscsiFrontEnd) IdleHolds(vol string) int64 {
+	if f.sessions.PerVolume()[vol] > 0 {
+		return 0
+	}
+	return f.holds.count(vol)
+}
+
+// holdRegistry counts the devices the SCSI layer holds per volume
+// instance (not per name: a logical unit may still hold a deleted volume
+// when a new one of the same name appears, and that hold is not the new
+// volume's).
+type holdRegistry struct {
+	export.Registry
+	d  *Daemon
+	mu sync.Mutex
+	n  map[*volrt.Volume]int64
+}
+
+func (h *holdRegistry) Open(name string) (export.Device, error) {
+	v := (*h.d.vols.Load())[name]
+	dev, err := h.Registry.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	h.n[v]++
+	h.mu.Unlock()
+	return &heldDevice{Device: dev, h: h, v: v}, nil
+}
+
+// count returns the holds on the volume now published under name.
+func (h *holdRegistry) count(name string) int64 {
+	v := (*h.d.vols.Load())[name]
+	if v == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[v]
+}
+
+type heldDevice struct {
+	export.Device
+	h    *holdRegistry
+	v    *volrt.Volume
+	once sync.Once
+}
+
+func (d *heldDevice) Release() {
+	d.once.Do(func() {
+		d.h.mu.Lock()
+		if d.h.n[d.v]--; d.h.n[d.v] <= 0 {
+			delete(d.h.n, d.v)
+		}
+		d.h.mu.Unlock()
+		d.Device.Release()
+	})
+}
 
 func (f *iscsiFrontEnd) Serve(ctx context.Context) error {
 	go f.watchCapacity()

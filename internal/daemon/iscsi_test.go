@@ -3,12 +3,16 @@ package daemon
 import (
 	"bufio"
 	"net"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
 	"github.com/vmsan/vmsan/internal/iscsi/text"
+	"github.com/vmsan/vmsan/internal/testutil"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // TestISCSIResizeAsyncMessage: an online resize reaches a logged-in iSCSI
@@ -62,5 +66,50 @@ func TestISCSIResizeAsyncMessage(t *testing.T) {
 			}
 			return
 		}
+	}
+}
+
+// TestISCSIDeleteAfterLogout: a volume an iSCSI LUN has opened can be
+// deleted without --force once no session uses it; while one does, the
+// delete is refused.
+func TestISCSIDeleteAfterLogout(t *testing.T) {
+	ls := testutil.NeedTool(t, "iscsi-ls")
+	r := start(t, t.TempDir(), func(c *config.Config) {
+		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t"}
+	})
+	if _, err := r.d.CreateVolume(volume.CreateOptions{Name: "extra", Size: 8 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	var addr string
+	for _, fe := range r.d.FrontEnds() {
+		if f, ok := fe.(*iscsiFrontEnd); ok {
+			addr = f.addrs()[0].String()
+		}
+	}
+	// iscsi-ls -s reads every LUN's capacity: the LUs open their volumes.
+	if out, err := exec.Command(ls, "-s", "iscsi://"+addr).CombinedOutput(); err != nil || !strings.Contains(string(out), "Lun:1") {
+		t.Fatalf("iscsi-ls: %v\n%s", err, out)
+	}
+	// A logged-in session holds the volume.
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := text.Append(nil, text.Pair{Key: "InitiatorName", Value: "iqn.2026-11.test:i"},
+		text.Pair{Key: "TargetName", Value: "iqn.2026-11.org.vmsan:t"})
+	b, _ := pdu.AppendPDU(nil, &pdu.LoginRequest{Transit: true, CSG: 1, NSG: 3, ISID: pdu.ISID{0x80}, CmdSN: 1}, nil, keys, pdu.Digests{})
+	c.Write(b)
+	rd := pdu.Reader{R: bufio.NewReader(c)}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if f, err := rd.Read(); err != nil || f.Header.(*pdu.LoginResponse).Status != 0 {
+		t.Fatalf("login: %v", err)
+	}
+	if err := r.d.DeleteVolume("extra", false); err == nil {
+		t.Fatal("deleted a volume an iSCSI session is logged in to")
+	}
+	c.Close()
+	waitFor(t, "the session to end", func() bool { return r.d.Status().FrontEnds != nil && len(r.d.clients()["extra"]) == 0 })
+	if err := r.d.DeleteVolume("extra", false); err != nil {
+		t.Fatalf("delete after the iSCSI sessions ended: %v", err)
 	}
 }

@@ -23,22 +23,23 @@ GO        ?= go
 FUZZTIME  ?= 20000x
 TIMEOUT   ?= 25m
 # Packages whose tests exercise concurrency get -race (slower, so not all).
-RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|iscsi/initiator)(/|$$)
+RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|iscsi/target|iscsi/initiator)(/|$$)
 
 # Debian packages the tests drive (real NBD clients and servers, QEMU,
 # filesystems for the loop-mount tests, certtool for TLS certificates,
-# libiscsi's iscsi-inq/iscsi-ls for the iSCSI codec's live initiator test,
-# tgt (tgtd/tgtadm) as the reference iSCSI target, qemu-block-extra for
-# QEMU's iscsi:// driver (bench/iscsi-compare; it has no program of its own
-# for TOOLS), systemd-analyze for the unit file check in packaging/,
-# promtool from prometheus for the alert rules in docs/).
+# libiscsi's iscsi-inq/iscsi-ls/iscsi-test-cu for the iSCSI target's tests,
+# QEMU's libiscsi block driver (qemu-block-extra; it has no program of its
+# own for TOOLS), tgt (tgtd/tgtadm, the reference iSCSI target for the suite
+# comparison, the initiator's tests and bench/iscsi-compare),
+# systemd-analyze for the unit file check in packaging/, promtool from
+# prometheus for the alert rules in docs/).
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
              busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd \
-             prometheus tgt qemu-block-extra
+             prometheus qemu-block-extra tgt
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze \
-             promtool tgtd
+             promtool iscsi-test-cu tgtd
 
 .PHONY: all build install deb test deps vet unit race fuzz-short fuzz bench soak clean scenarios
 

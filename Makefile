@@ -23,20 +23,21 @@ GO        ?= go
 FUZZTIME  ?= 20000x
 TIMEOUT   ?= 25m
 # Packages whose tests exercise concurrency get -race (slower, so not all).
-RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi)(/|$$)
+RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|iscsi/target)(/|$$)
 
 # Debian packages the tests drive (real NBD clients and servers, QEMU,
 # filesystems for the loop-mount tests, certtool for TLS certificates,
-# libiscsi's iscsi-inq/iscsi-ls for the iSCSI codec's live initiator test,
-# systemd-analyze for the unit file check in packaging/, promtool from
-# prometheus for the alert rules in docs/).
+# libiscsi's iscsi-inq/iscsi-ls/iscsi-test-cu for the iSCSI target's tests,
+# QEMU's libiscsi block driver (qemu-block-extra), tgt (tgtd, the iSCSI
+# suite's reference target), systemd-analyze for the unit file check in
+# packaging/, promtool from prometheus for the alert rules in docs/).
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
              busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd \
-             prometheus
+             prometheus qemu-block-extra tgt
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze \
-             promtool
+             promtool iscsi-test-cu tgtd
 
 .PHONY: all build install deb test deps vet unit race fuzz-short fuzz bench soak clean scenarios
 

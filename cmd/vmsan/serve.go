@@ -72,6 +72,7 @@ logged and ignored.`,
 	f.StringVar(&fl.cfgFile, "config", "", "YAML config file (see docs/architecture.md); flags override it")
 	f.StringVar(&fl.dataDir, "data-dir", config.DefaultDataDir, "data directory holding volumes")
 	f.StringArrayVar(&fl.listen, "listen", nil, "NBD listener HOST:PORT or unix:PATH (repeatable; default 127.0.0.1:10809 and unix:DATA_DIR/nbd.sock)")
+	f.StringArrayVar(&fl.iscsiListen, "iscsi-listen", nil, "serve iSCSI on HOST[:PORT][,TPGT] (repeatable; port 3260, portal group tag 1 by default); see docs/iscsi.md")
 	f.StringVar(&fl.metrics, "metrics-listen", "", "serve Prometheus metrics on HOST:PORT at /metrics")
 	f.BoolVar(&fl.pprof, "pprof", false, "serve /debug/pprof on the metrics listener and the control socket")
 	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -88,7 +89,7 @@ logged and ignored.`,
 type serveFlags struct {
 	cfgFile, dataDir, metrics, logLevel, maxPayload string
 	tlsMode, tlsCert, tlsKey, tlsCA                 string
-	listen                                          []string
+	listen, iscsiListen                             []string
 	pprof                                           bool
 }
 
@@ -109,6 +110,16 @@ func (fl *serveFlags) config(cmd *cobra.Command) (config.Config, error) {
 	}
 	if f.Changed("listen") {
 		cfg.Listen = fl.listen
+	}
+	if f.Changed("iscsi-listen") {
+		cfg.ISCSI.Listen = nil
+		for _, l := range fl.iscsiListen {
+			p, err := config.ParseISCSIPortal(l)
+			if err != nil {
+				return config.Config{}, err
+			}
+			cfg.ISCSI.Listen = append(cfg.ISCSI.Listen, p)
+		}
 	}
 	if f.Changed("metrics-listen") {
 		cfg.MetricsListen = fl.metrics

@@ -227,6 +227,8 @@ type Config struct {
 	// NoDefaultVolume stops the daemon from creating the 10 GiB "default"
 	// volume in an empty data directory.
 	NoDefaultVolume bool `yaml:"no_default_volume,omitempty"`
+	// ISCSI configures the iSCSI front end (iscsi.go); off by default.
+	ISCSI ISCSI `yaml:"iscsi,omitempty"`
 }
 
 // Default returns the embedded configuration. Listen is empty here: the
@@ -283,6 +285,7 @@ func Load(path string) (Config, error) {
 		}
 	}
 	cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA = rel(cfg.TLS.Cert), rel(cfg.TLS.Key), rel(cfg.TLS.CA)
+	cfg.ISCSI.resolvePaths(rel)
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -420,6 +423,7 @@ func (c *Config) Validate() error {
 		}
 		listens[v.Replication.Listen] = v.Name
 	}
+	errs = append(errs, c.ISCSI.validate()...)
 	if len(errs) > 0 {
 		return errors.New("invalid configuration:\n  " + strings.Join(errs, "\n  "))
 	}

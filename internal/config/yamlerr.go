@@ -45,8 +45,9 @@ func (e *FileErrors) Error() string {
 }
 
 var (
-	sizeType     = reflect.TypeOf(Size(0))
-	durationType = reflect.TypeOf(Duration(0))
+	sizeType        = reflect.TypeOf(Size(0))
+	durationType    = reflect.TypeOf(Duration(0))
+	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
 )
 
 // checkYAML returns the problems in b as *FileErrors, or nil. A document
@@ -91,6 +92,12 @@ func checkNode(n *yaml.Node, t reflect.Type, key, section string, errs *[]LineEr
 			} else {
 				add(n.Line, "%s must be a duration like 100us, 5ms or 2s, got %s", what, shown(n))
 			}
+		}
+	case t.Kind() == reflect.Struct && n.Kind == yaml.ScalarNode && reflect.PointerTo(t).Implements(unmarshalerType):
+		// A section with a short scalar form (iscsi.listen's "HOST:PORT"
+		// for {addr: HOST:PORT}): its own decoder says whether it fits.
+		if err := n.Decode(reflect.New(t).Interface()); err != nil {
+			add(n.Line, "%s: %v", what, err)
 		}
 	case t.Kind() == reflect.Struct:
 		if n.Kind != yaml.MappingNode {

@@ -143,7 +143,7 @@ type Daemon struct {
 	wraps       []volrt.Wrap
 	pluginsStop sync.Once
 
-	// frontEnds serve the volumes (NBD; iSCSI next): set in New, then
+	// frontEnds serve the volumes (NBD, iSCSI when configured): set in New, then
 	// read-only.
 	frontEnds []FrontEnd
 
@@ -299,6 +299,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		fe, err := newFE(d)
 		if err != nil {
 			return nil, err
+		}
+		if fe == nil {
+			continue // not configured (iSCSI without a listener)
 		}
 		d.frontEnds = append(d.frontEnds, fe)
 	}

@@ -6,8 +6,8 @@ import (
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
-// FrontEnd is a protocol server over the daemon's volumes (NBD; iSCSI
-// next). The daemon builds every entry of frontEndFactories in New, starts
+// FrontEnd is a protocol server over the daemon's volumes (NBD
+// and iSCSI). The daemon builds every entry of frontEndFactories in New, starts
 // them in Run, stops them first in Shutdown, and reads their Stats for
 // status and metrics; it knows nothing else about any protocol.
 //
@@ -42,6 +42,7 @@ type FrontEnd interface {
 // but serve nothing until Serve.
 var frontEndFactories = []func(d *Daemon) (FrontEnd, error){
 	newNBDFrontEnd,
+	newISCSIFrontEnd, // iscsi.go; nil unless iscsi.listen is configured
 }
 
 // FrontEnds returns the daemon's front ends (read-only after New).

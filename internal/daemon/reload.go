@@ -116,6 +116,11 @@ func (d *Daemon) Reload(next config.Config) error {
 	if next.Engine != cur.Engine {
 		restart("engine")
 	}
+	if !reflect.DeepEqual(next.ISCSI, cur.ISCSI) {
+		// Portals, CHAP, ACLs and the mode are read once in New; new
+		// volumes appear as LUNs/targets without a reload.
+		restart("iscsi")
+	}
 	if next.LogLevel != cur.LogLevel {
 		if d.level != nil {
 			d.level.Set(logLevel(next.LogLevel))

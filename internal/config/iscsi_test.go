@@ -1,0 +1,55 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestISCSIConfig(t *testing.T) {
+	cfg, err := Parse([]byte(`iscsi:
+  listen: ["127.0.0.1:3260", {addr: "[::1]:3261", tpgt: 2}]
+  node_name: Host_1
+  mode: per-volume
+  discovery_auth: {user: d, secret: "twelve-bytes"}
+  auth: {user: u, secret: "twelve-bytes", mutual_user: t, mutual_secret: "other-secret"}
+  initiators: [iqn.1993-08.org.debian:01:abc]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ic := cfg.ISCSI
+	if len(ic.Listen) != 2 || ic.Listen[0].Tag() != 1 || ic.Listen[1].Tag() != 2 || ic.Listen[1].Addr != "[::1]:3261" {
+		t.Fatalf("listen %+v", ic.Listen)
+	}
+	if got := ic.TargetName(); got != "iqn.2026-11.org.vmsan:host-1" {
+		t.Fatalf("IQN %q", got)
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"iscsi: {listen: [\"unix:/x\"]}", "TCP only"},
+		{"iscsi: {listen: [\"127.0.0.1:0\"]}", "want 1..65535"},
+		{"iscsi: {mode: cluster}", "want node or per-volume"},
+		{"iscsi: {auth: {user: u, secret: short}}", "12 to 255 bytes"},
+		{"iscsi: {auth: {user: u, secret: \"twelve-bytes\", secret_file: /x}}", "exactly one of secret and secret_file"},
+		{"iscsi: {auth: {user: u, secret: \"twelve-bytes\", mutual_user: t, mutual_secret: \"twelve-bytes\"}}", "must differ"},
+		{"iscsi: {initiators: [bob]}", "not an iSCSI name"},
+		{"iscsi: {iqn: \"IQN.upper\"}", "not an iSCSI name"},
+		{"iscsi: {targets: [{auth: {user: u, secret: \"twelve-bytes\"}}]}", "volume is required"},
+	} {
+		if _, err := Parse([]byte(c.yaml)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want %q", c.yaml, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		in   string
+		addr string
+		tag  uint16
+	}{{"10.0.0.1", "10.0.0.1:3260", 1}, {"10.0.0.1:3270,3", "10.0.0.1:3270", 3}, {"[fe80::1]", "[fe80::1]:3260", 1}} {
+		p, err := ParseISCSIPortal(c.in)
+		if err != nil || p.Addr != c.addr || p.Tag() != c.tag {
+			t.Errorf("ParseISCSIPortal(%q) = %+v, %v", c.in, p, err)
+		}
+	}
+	if _, err := ParseISCSIPortal("10.0.0.1,0"); err == nil {
+		t.Error("portal group tag 0 accepted")
+	}
+}

@@ -1,0 +1,502 @@
+package target
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/iscsi/chap"
+	"github.com/vmsan/vmsan/internal/iscsi/pdu"
+	"github.com/vmsan/vmsan/internal/scsi"
+	"github.com/vmsan/vmsan/internal/volrt"
+)
+
+// LogicalUnits is what a session needs from the SCSI layer: package
+// scsi's *Target implements it; tests use fakes.
+type LogicalUnits interface {
+	// Execute runs one task; done is called exactly once, on any
+	// goroutine, possibly before Execute returns.
+	Execute(t *scsi.Task, done func(*scsi.Result))
+	// TaskManagement applies a task management function after the
+	// transport has aborted (and waited for) the affected tasks; it
+	// returns a scsi.TMF* response.
+	TaskManagement(fn uint8, n *scsi.Nexus, lun uint64) uint8
+	// NexusLost is called once a session has ended and its tasks are done.
+	NexusLost(n *scsi.Nexus)
+}
+
+// CHAP is one direction pair of CHAP credentials. User/Secret are what
+// the initiator must prove (one-way CHAP); MutualUser/MutualSecret, when
+// set, are what the target answers with when the initiator asks for
+// mutual CHAP (an initiator asking for it without them is refused).
+type CHAP struct {
+	User         string
+	Secret       []byte
+	MutualUser   string
+	MutualSecret []byte
+}
+
+// Target is one iSCSI target node the server exposes.
+type Target struct {
+	Name  string // the iSCSI name (IQN)
+	Alias string // TargetAlias, optional
+	LUs   LogicalUnits
+	// Auth, when non-nil, makes CHAP mandatory for normal sessions.
+	Auth *CHAP
+	// Initiators, when non-empty, is the ACL: only these InitiatorNames
+	// may log in to (or discover) the target.
+	Initiators []string
+	// Volumes are the volume names behind the target's LUNs, for the
+	// front end's client list.
+	Volumes []string
+}
+
+func (t *Target) allows(initiator string) bool {
+	if len(t.Initiators) == 0 {
+		return true
+	}
+	for _, n := range t.Initiators {
+		if n == initiator {
+			return true
+		}
+	}
+	return false
+}
+
+// Portal is an address SendTargets advertises.
+type Portal struct {
+	Addr string // host:port; an unspecified host is replaced by the connection's local address
+	Tag  uint16 // target portal group tag
+}
+
+// Config configures a Server. Zero values take the defaults named.
+type Config struct {
+	// Targets returns the current targets (read at every login and
+	// discovery, so volumes may come and go).
+	Targets func() []Target
+	// DiscoveryAuth, when non-nil, makes CHAP mandatory for discovery
+	// sessions.
+	DiscoveryAuth *CHAP
+	// Portals, when non-nil, overrides the advertised portals (default:
+	// every listener Serve was given, with its tag).
+	Portals func() []Portal
+	// QueueDepth is the CmdSN window: commands in flight per session
+	// (default 128, open-iscsi's cmds_max).
+	QueueDepth int
+	// MaxRecvDataSegmentLength is what the target declares (default
+	// 262144); data segments longer than this are refused.
+	MaxRecvDataSegmentLength int
+	// MaxBurstLength, FirstBurstLength and MaxOutstandingR2T are the
+	// target's offers (defaults 1 MiB, 256 KiB, 8); negotiation takes the
+	// minimum with the initiator's.
+	MaxBurstLength    int
+	FirstBurstLength  int
+	MaxOutstandingR2T int
+	// MaxTransfer bounds one command's expected data transfer length
+	// (default 32 MiB); larger commands get CHECK CONDITION.
+	MaxTransfer int
+	// SessionBudget bounds the data bytes of in-flight commands of one
+	// session (default 64 MiB).
+	SessionBudget int64
+	// NopInterval is how long a connection may be idle before the target
+	// pings it with a NOP-In (default 5s; negative disables pings), and
+	// NopTimeout how long it then waits for any PDU before closing the
+	// connection (default 15s).
+	NopInterval time.Duration
+	NopTimeout  time.Duration
+	// LoginTimeout bounds the login phase (default 15s).
+	LoginTimeout time.Duration
+	Logger       *slog.Logger
+	// Sessions receives the clients (one entry per session and volume).
+	Sessions *volrt.Sessions
+	// Rand is the CHAP challenge source (default crypto/rand).
+	Rand io.Reader
+}
+
+func (c *Config) setDefaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.QueueDepth, 128)
+	def(&c.MaxRecvDataSegmentLength, 262144)
+	def(&c.MaxBurstLength, 1<<20)
+	def(&c.FirstBurstLength, 256<<10)
+	def(&c.MaxOutstandingR2T, 8)
+	def(&c.MaxTransfer, 32<<20)
+	c.MaxRecvDataSegmentLength = min(max(c.MaxRecvDataSegmentLength, 512), pdu.MaxDataSegmentLength)
+	c.MaxBurstLength = min(max(c.MaxBurstLength, 512), pdu.MaxDataSegmentLength)
+	c.FirstBurstLength = min(max(c.FirstBurstLength, 512), c.MaxBurstLength)
+	if c.SessionBudget <= 0 {
+		c.SessionBudget = 64 << 20
+	}
+	if c.NopInterval == 0 {
+		c.NopInterval = 5 * time.Second
+	}
+	if c.NopTimeout <= 0 {
+		c.NopTimeout = 15 * time.Second
+	}
+	if c.LoginTimeout <= 0 {
+		c.LoginTimeout = 15 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Rand == nil {
+		c.Rand = rand.Reader
+	}
+	if c.Targets == nil {
+		c.Targets = func() []Target { return nil }
+	}
+}
+
+// Stats are the server's counters.
+type Stats struct {
+	Accepted      uint64            `json:"accepted"`
+	ActiveConns   int64             `json:"active_connections"`
+	Sessions      int               `json:"sessions"`
+	Logins        uint64            `json:"logins"`
+	LoginFailures uint64            `json:"login_failures"`
+	Commands      uint64            `json:"commands"`
+	CheckStatus   uint64            `json:"check_conditions"`
+	Rejects       uint64            `json:"rejects"`
+	BytesRead     uint64            `json:"bytes_read"`
+	BytesWritten  uint64            `json:"bytes_written"`
+	Reinstated    uint64            `json:"reinstated"`
+	NopTimeouts   uint64            `json:"nop_timeouts"`
+	LoginStatuses map[string]uint64 `json:"login_statuses,omitempty"`
+}
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("iscsi target: server closed")
+
+// sessionKey identifies a session for reinstatement (RFC 7143 6.3.5:
+// InitiatorName + ISID + target).
+type sessionKey struct {
+	initiator string
+	isid      pdu.ISID
+	target    string
+}
+
+// Server is an iSCSI target server.
+type Server struct {
+	cfg       Config
+	chapCache chap.Cache
+
+	mu       sync.Mutex
+	closed   bool
+	lns      map[net.Listener]uint16
+	lnOrder  []net.Listener
+	conns    map[*conn]struct{}
+	sessions map[sessionKey]*session
+	byTSIH   map[uint16]*session
+	nextTSIH uint16
+	wg       sync.WaitGroup
+
+	accepted, logins, loginFailures, commands, checks, rejects atomic.Uint64
+	bytesRead, bytesWritten, reinstated, nopTimeouts           atomic.Uint64
+	active                                                     atomic.Int64
+	statusMu                                                   sync.Mutex
+	loginStatuses                                              map[string]uint64
+}
+
+// New returns a server; call Serve for each listener.
+func New(cfg Config) *Server {
+	cfg.setDefaults()
+	return &Server{cfg: cfg, lns: map[net.Listener]uint16{}, conns: map[*conn]struct{}{},
+		sessions: map[sessionKey]*session{}, byTSIH: map[uint16]*session{}, loginStatuses: map[string]uint64{}}
+}
+
+// Serve accepts connections on ln, a portal of portal group tag tpgt,
+// until Shutdown or Close (ErrServerClosed) or an accept error.
+func (s *Server) Serve(ln net.Listener, tpgt uint16) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.lns[ln] = tpgt
+	s.lnOrder = append(s.lnOrder, ln)
+	// The relative target port identifier (SPC-4 VPD 83 type 4) is the
+	// portal's position in Serve order, from 1.
+	relPort := uint16(len(s.lnOrder))
+	s.mu.Unlock()
+	var delay time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				time.Sleep(delay)
+				continue
+			}
+			return err
+		}
+		delay = 0
+		s.accepted.Add(1)
+		c := newConn(s, nc, tpgt, relPort)
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			nc.Close()
+			return ErrServerClosed
+		}
+		s.conns[c] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		s.active.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer s.active.Add(-1)
+			c.serve()
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Shutdown stops accepting, asks every connection to finish (in-flight
+// commands complete and are answered, then the connection closes) and
+// waits for them, bounded by ctx (then connections are closed hard).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	for ln := range s.lns {
+		ln.Close()
+	}
+	conns := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		c.drain()
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close closes listeners and connections without draining. Idempotent.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	for ln := range s.lns {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.nc.Close()
+	}
+	s.mu.Unlock()
+}
+
+// Addrs returns the listener addresses in Serve order.
+func (s *Server) Addrs() []net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]net.Addr, 0, len(s.lnOrder))
+	for _, ln := range s.lnOrder {
+		out = append(out, ln.Addr())
+	}
+	return out
+}
+
+// Stats snapshots the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	n := len(s.byTSIH)
+	s.mu.Unlock()
+	st := Stats{Accepted: s.accepted.Load(), ActiveConns: s.active.Load(), Sessions: n,
+		Logins: s.logins.Load(), LoginFailures: s.loginFailures.Load(), Commands: s.commands.Load(),
+		CheckStatus: s.checks.Load(), Rejects: s.rejects.Load(), BytesRead: s.bytesRead.Load(),
+		BytesWritten: s.bytesWritten.Load(), Reinstated: s.reinstated.Load(), NopTimeouts: s.nopTimeouts.Load(),
+		LoginStatuses: map[string]uint64{}}
+	s.statusMu.Lock()
+	for k, v := range s.loginStatuses {
+		st.LoginStatuses[k] = v
+	}
+	s.statusMu.Unlock()
+	return st
+}
+
+func (s *Server) countLoginStatus(st pdu.LoginStatus) {
+	s.statusMu.Lock()
+	s.loginStatuses[st.String()]++
+	s.statusMu.Unlock()
+}
+
+// portals returns what SendTargets advertises, unspecified hosts replaced
+// by local (the address the initiator reached us on).
+func (s *Server) portals(local net.Addr) []Portal {
+	var ps []Portal
+	if s.cfg.Portals != nil {
+		ps = s.cfg.Portals()
+	} else {
+		s.mu.Lock()
+		for _, ln := range s.lnOrder {
+			ps = append(ps, Portal{Addr: ln.Addr().String(), Tag: s.lns[ln]})
+		}
+		s.mu.Unlock()
+	}
+	lhost := ""
+	if ta, ok := local.(*net.TCPAddr); ok {
+		lhost = ta.IP.String()
+	}
+	out := make([]Portal, 0, len(ps))
+	for _, p := range ps {
+		h, port, err := net.SplitHostPort(p.Addr)
+		if err != nil {
+			continue
+		}
+		if ip := net.ParseIP(h); (h == "" || ip != nil && ip.IsUnspecified()) && lhost != "" {
+			h = lhost
+		}
+		out = append(out, Portal{Addr: net.JoinHostPort(h, port), Tag: p.Tag})
+	}
+	return out
+}
+
+// lookup returns the named target.
+func (s *Server) lookup(name string) (Target, bool) {
+	for _, t := range s.cfg.Targets() {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return Target{}, false
+}
+
+// register installs a newly logged-in session, closing a session it
+// reinstates (same initiator, ISID and target) first and waiting for that
+// session's tasks to end. It returns the TSIH.
+func (s *Server) register(ss *session, tsih uint16) (uint16, error) {
+	k := sessionKey{ss.nexus.InitiatorName, ss.isid, ss.nexus.TargetName}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return 0, ErrServerClosed
+	}
+	old := s.sessions[k]
+	s.mu.Unlock()
+	if old != nil {
+		// Session reinstatement (RFC 7143 6.3.5): the old session's
+		// connection is closed and its tasks aborted before the new one
+		// is usable; wait bounded so a stuck engine cannot wedge logins.
+		s.reinstated.Add(1)
+		old.c.abort()
+		select {
+		case <-old.ended:
+		case <-time.After(30 * time.Second):
+			return 0, errors.New("iscsi target: reinstated session did not end")
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur := s.sessions[k]; cur != nil && cur != old {
+		// A concurrent login reinstated it first.
+		return 0, errors.New("iscsi target: concurrent login for the same session")
+	}
+	if tsih == 0 {
+		for {
+			s.nextTSIH++
+			if s.nextTSIH == 0 {
+				continue
+			}
+			if _, used := s.byTSIH[s.nextTSIH]; !used {
+				break
+			}
+		}
+		tsih = s.nextTSIH
+	}
+	ss.tsih = tsih
+	s.sessions[k] = ss
+	s.byTSIH[tsih] = ss
+	return tsih, nil
+}
+
+func (s *Server) unregister(ss *session) {
+	s.mu.Lock()
+	k := sessionKey{ss.nexus.InitiatorName, ss.isid, ss.nexus.TargetName}
+	if s.sessions[k] == ss {
+		delete(s.sessions, k)
+	}
+	if s.byTSIH[ss.tsih] == ss {
+		delete(s.byTSIH, ss.tsih)
+	}
+	s.mu.Unlock()
+}
+
+// sessionsOf returns the live sessions of a target (for LUN and target
+// resets, which abort every nexus's tasks).
+func (s *Server) sessionsOf(target string) []*session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*session
+	for _, ss := range s.byTSIH {
+		if ss.nexus.TargetName == target {
+			out = append(out, ss)
+		}
+	}
+	return out
+}
+
+// AbortNexus aborts the tasks of the session behind n on lun without
+// waiting for them (their responses are dropped): what SCSI's PREEMPT AND
+// ABORT asks of the transport (scsi.Config.Abort). Safe to call from
+// inside LogicalUnits.Execute.
+func (s *Server) AbortNexus(n *scsi.Nexus, lun uint64) {
+	s.mu.Lock()
+	var target *session
+	for _, ss := range s.byTSIH {
+		if ss.nexus == n {
+			target = ss
+			break
+		}
+	}
+	s.mu.Unlock()
+	if target != nil {
+		target.abortTasks(func(t *task) bool { return t.lun == lun })
+	}
+}
+
+// findTSIH returns the session with a TSIH (a login for an existing session).
+func (s *Server) findTSIH(tsih uint16) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.byTSIH[tsih]
+}
+
+func initiatorPort(name string, isid pdu.ISID) string {
+	const d = "0123456789abcdef"
+	b := []byte(name + ",i,0x")
+	for _, c := range isid {
+		b = append(b, d[c>>4], d[c&15])
+	}
+	return string(b)
+}
+
+func tpgtString(t uint16) string { return strconv.Itoa(int(t)) }

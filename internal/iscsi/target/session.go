@@ -1,0 +1,864 @@
+package target
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/iscsi/pdu"
+	"github.com/vmsan/vmsan/internal/iscsi/text"
+	"github.com/vmsan/vmsan/internal/scsi"
+)
+
+// session is one iSCSI session in full feature phase (one connection).
+type session struct {
+	c         *conn
+	s         *Server
+	isid      pdu.ISID
+	tsih      uint16
+	discovery bool
+	target    Target
+	params    text.Params
+	nexus     *scsi.Nexus
+	cid       uint16
+
+	// CmdSN window. INVARIANT: maxCmdSN - expCmdSN + 1 == QueueDepth -
+	// (commands received and not yet completed); expCmdSN advances in the
+	// reader as commands arrive, maxCmdSN wherever one completes.
+	expCmdSN atomic.Uint32
+	maxCmdSN atomic.Uint32
+
+	mu      sync.Mutex
+	cond    sync.Cond // signalled when a task ends
+	tasks   map[uint32]*task
+	r2ts    map[uint32]*r2t
+	nextTTT uint32
+	used    int64 // budget bytes held by tasks
+	tmfs    int   // task management functions in progress
+
+	loggingOut bool
+	textAcc    text.Accumulator
+	textRest   []byte // the rest of a long Text Response
+	textTTT    uint32
+
+	volIDs []uint64
+	ended  chan struct{}
+}
+
+// task is one SCSI command in the session.
+type task struct {
+	itt       uint32
+	rawLUN    uint64
+	lun       uint64
+	counted   bool // took a CmdSN slot (non-immediate)
+	cdb       []byte
+	attr      uint8
+	expOut    uint32
+	expIn     uint32
+	budget    int64
+	buf       []byte // data-out
+	received  uint32
+	unsolEnd  uint32
+	unsolNext uint32
+	unsolSN   uint32
+	nextR2T   uint32
+	r2tSN     uint32
+	pending   int // outstanding R2Ts
+	executing bool
+	aborted   bool // INVARIANT: read and written under session.mu
+	done      chan struct{}
+}
+
+// r2t is one outstanding R2T.
+type r2t struct {
+	t        *task
+	ttt      uint32
+	off, len uint32
+	got      uint32
+	dataSN   uint32
+}
+
+func newSession(c *conn, isid pdu.ISID, discovery bool, t Target, p text.Params, cmdSN uint32) *session {
+	ss := &session{c: c, s: c.s, isid: isid, discovery: discovery, target: t, params: p,
+		tasks: map[uint32]*task{}, r2ts: map[uint32]*r2t{}, ended: make(chan struct{})}
+	ss.cond.L = &ss.mu
+	c.qmu.Lock()
+	c.sess = ss
+	c.qmu.Unlock()
+	ss.expCmdSN.Store(cmdSN)
+	ss.maxCmdSN.Store(cmdSN + uint32(c.s.cfg.QueueDepth) - 1)
+	return ss
+}
+
+// window returns ExpCmdSN and MaxCmdSN for an outgoing PDU.
+func (ss *session) window() (uint32, uint32) {
+	e := ss.expCmdSN.Load() // first: MaxCmdSN only grows, so max >= exp-1 holds
+	return e, ss.maxCmdSN.Load()
+}
+
+// slotDone frees one CmdSN slot (a non-immediate command completed).
+func (ss *session) slotDone() { ss.maxCmdSN.Add(1) }
+
+func (ss *session) start() {
+	if ss.discovery {
+		return
+	}
+	remote := ss.c.nc.RemoteAddr().String()
+	for _, v := range ss.target.Volumes {
+		ss.volIDs = append(ss.volIDs, ss.s.cfg.Sessions.Add(v, remote))
+	}
+}
+
+// end aborts the session's tasks, waits for those executing, tells the
+// logical units the nexus is gone and unregisters the session.
+func (ss *session) end() {
+	waits := ss.abortTasks(func(*task) bool { return true })
+	for _, ch := range waits {
+		<-ch
+	}
+	ss.mu.Lock()
+	for ss.tmfs > 0 {
+		ss.cond.Wait()
+	}
+	ss.mu.Unlock()
+	for _, id := range ss.volIDs {
+		ss.s.cfg.Sessions.Remove(id)
+	}
+	if !ss.discovery && ss.target.LUs != nil {
+		ss.target.LUs.NexusLost(ss.nexus)
+	}
+	ss.s.unregister(ss)
+	close(ss.ended)
+}
+
+// run is the reader loop of full feature phase.
+func (ss *session) run() {
+	c := ss.c
+	for {
+		f, err := c.rd.Read()
+		if err != nil {
+			if ss.readError(f, err) {
+				continue
+			}
+			return
+		}
+		c.lastRecv.Store(nowNano())
+		if err := ss.handle(f); err != nil {
+			c.s.cfg.Logger.Info("iscsi: closing connection", "remote", c.log(), "initiator", ss.nexus.InitiatorName, "why", err)
+			return
+		}
+	}
+}
+
+// readError answers a PDU the reader refused; true means the stream is
+// still in sync and reading continues.
+func (ss *session) readError(f pdu.Frame, err error) bool {
+	var de *pdu.DigestError
+	var fe *pdu.FieldError
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return false
+	case errors.As(err, &de) && !de.Header:
+		// Data digest error: the PDU was consumed; Reject it (RFC 7143
+		// 7.8), the initiator retries or aborts the task.
+		ss.reject(pdu.RejectDataDigestError, f.BHS)
+		return true
+	case errors.Is(err, pdu.ErrTooLong):
+		// The data segment was not read: the stream is out of sync.
+		ss.reject(pdu.RejectProtocolError, f.BHS)
+		ss.c.closeQueueAfterFlush()
+		return false
+	case errors.As(err, &fe) && !errors.Is(err, pdu.ErrShort):
+		ss.reject(fe.Reason, f.BHS)
+		return true
+	}
+	return false
+}
+
+// closeQueueAfterFlush queues a close marker so a pending Reject is
+// written before the connection closes.
+func (c *conn) closeQueueAfterFlush() {
+	c.post(&out{closeAfter: true})
+}
+
+func (ss *session) reject(reason pdu.RejectReason, bhs [pdu.BHSLen]byte) {
+	ss.s.rejects.Add(1)
+	h, data := pdu.NewReject(reason, bhs, pdu.StatusSNs{})
+	ss.c.send(&out{h: h, data: data, status: true})
+}
+
+// acceptCmdSN applies the CmdSN rules to a non-immediate command: only
+// CmdSN == ExpCmdSN is taken (one connection delivers in order; RFC 7143
+// 4.2.2.1 says commands outside the window, and duplicates, are ignored).
+func (ss *session) acceptCmdSN(sn uint32) bool {
+	e := ss.expCmdSN.Load()
+	if sn != e || pdu.SNGreater(sn, ss.maxCmdSN.Load()) {
+		return false
+	}
+	ss.expCmdSN.Store(e + 1)
+	return true
+}
+
+var errLogout = errors.New("logged out")
+
+func (ss *session) handle(f pdu.Frame) error {
+	switch h := f.Header.(type) {
+	case *pdu.NOPOut:
+		return ss.nopOut(h, f)
+	case *pdu.SCSICommand:
+		if ss.discovery {
+			ss.reject(pdu.RejectProtocolError, f.BHS)
+			return nil
+		}
+		return ss.command(h, f)
+	case *pdu.DataOut:
+		if ss.discovery {
+			ss.reject(pdu.RejectProtocolError, f.BHS)
+			return nil
+		}
+		return ss.dataOut(h, f)
+	case *pdu.TaskMgmtRequest:
+		if ss.discovery {
+			ss.reject(pdu.RejectProtocolError, f.BHS)
+			return nil
+		}
+		return ss.taskMgmt(h, f)
+	case *pdu.TextRequest:
+		return ss.textReq(h, f)
+	case *pdu.LogoutRequest:
+		return ss.logout(h, f)
+	case *pdu.SNACKRequest:
+		// ErrorRecoveryLevel 0: SNACK is not supported (RFC 7143 11.16).
+		ss.reject(pdu.RejectProtocolError, f.BHS)
+		return nil
+	default:
+		// Login in full feature phase, or a target opcode.
+		ss.reject(pdu.RejectProtocolError, f.BHS)
+		return nil
+	}
+}
+
+func (ss *session) nopOut(h *pdu.NOPOut, f pdu.Frame) error {
+	if h.ITT == pdu.ReservedTag {
+		// The answer to our ping (lastRecv already updated).
+		return nil
+	}
+	counted := false
+	if !h.Immediate {
+		if !ss.acceptCmdSN(h.CmdSN) {
+			return nil
+		}
+		counted = true
+	}
+	data := f.Data
+	if len(data) > ss.c.peerMax {
+		data = data[:ss.c.peerMax]
+	}
+	o := &out{h: &pdu.NOPIn{LUN: h.LUN, ITT: h.ITT, TTT: pdu.ReservedTag}, data: data, status: true}
+	if counted {
+		o.then = ss.slotDone
+	}
+	ss.c.send(o)
+	return nil
+}
+
+// decodeLUN decodes SAM's 8-byte LUN (peripheral and flat addressing);
+// other methods give a number no LUN map holds.
+func decodeLUN(raw uint64) uint64 {
+	b0, b1 := byte(raw>>56), byte(raw>>48)
+	switch b0 >> 6 {
+	case 0:
+		if b0&0x3f != 0 {
+			return 1 << 62 // bus identifier: not a LUN we have
+		}
+		return uint64(b1)
+	case 1:
+		return uint64(b0&0x3f)<<8 | uint64(b1)
+	}
+	return 1 << 62
+}
+
+func scsiAttr(a pdu.TaskAttr) uint8 {
+	switch a {
+	case pdu.AttrOrdered:
+		return scsi.AttrOrdered
+	case pdu.AttrHeadOfQueue:
+		return scsi.AttrHead
+	case pdu.AttrACA:
+		return scsi.AttrACA
+	}
+	return scsi.AttrSimple
+}
+
+// Sense for commands the transport answers itself (fixed format).
+func senseFixed(key, asc, ascq byte) []byte {
+	s := make([]byte, 18)
+	s[0], s[2], s[7], s[12], s[13] = 0x70, key, 10, asc, ascq
+	return s
+}
+
+func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
+	counted := false
+	if !h.Immediate {
+		if !ss.acceptCmdSN(h.CmdSN) {
+			return nil
+		}
+		counted = true
+	}
+	bad := func(reason pdu.RejectReason) error {
+		ss.reject(reason, f.BHS)
+		if counted {
+			ss.slotDone()
+		}
+		return nil
+	}
+	if ss.loggingOut {
+		return bad(pdu.RejectWaitingForLogout)
+	}
+	ahs, err := pdu.ParseAHS(f.AHS)
+	if err != nil {
+		return bad(pdu.RejectProtocolError)
+	}
+	edtl := h.ExpectedDataTransferLength
+	if len(f.Data) > 0 && (!h.Write || uint32(len(f.Data)) > edtl || !ss.params.ImmediateData ||
+		len(f.Data) > int(ss.params.FirstBurstLength)) {
+		return bad(pdu.RejectProtocolError)
+	}
+	if h.Write && !h.Final && ss.params.InitialR2T {
+		// Unsolicited Data-Out announced where InitialR2T=Yes forbids it.
+		return bad(pdu.RejectProtocolError)
+	}
+	ss.mu.Lock()
+	_, dup := ss.tasks[h.ITT]
+	ss.mu.Unlock()
+	if dup || h.ITT == pdu.ReservedTag {
+		return bad(pdu.RejectInvalidPDUField)
+	}
+	t := &task{itt: h.ITT, rawLUN: h.LUN, lun: decodeLUN(h.LUN), counted: counted,
+		cdb: pdu.FullCDB(h, ahs), attr: scsiAttr(h.Attr), done: make(chan struct{})}
+	if h.Write {
+		t.expOut = edtl
+		if h.Read {
+			t.expIn, _ = pdu.BidiRead(ahs)
+		}
+	} else if h.Read {
+		t.expIn = edtl
+	}
+	ss.s.commands.Add(1)
+	if ss.c.draining.Load() {
+		// Shutting down: the command is not started; the initiator
+		// retries it after logging in again.
+		if counted {
+			ss.slotDone()
+		}
+		return nil
+	}
+	answer := func(status uint8, sense []byte) error {
+		r := &scsi.Result{Status: status, Sense: sense}
+		if t.expIn > 0 {
+			r.Underflow, r.Residual = true, t.expIn
+		} else if t.expOut > 0 {
+			r.Underflow, r.Residual = true, t.expOut
+		}
+		o := &out{task: t, res: r}
+		if counted {
+			o.then = ss.slotDone
+		}
+		ss.c.send(o)
+		return nil
+	}
+	if uint64(t.expOut)+uint64(t.expIn) > uint64(ss.s.cfg.MaxTransfer) {
+		ss.s.checks.Add(1)
+		return answer(0x02, senseFixed(0x05, 0x24, 0x00)) // ILLEGAL REQUEST, INVALID FIELD IN CDB
+	}
+	need := int64(t.expOut) + int64(t.expIn)
+	ss.mu.Lock()
+	if ss.used > 0 && ss.used+need > ss.s.cfg.SessionBudget {
+		ss.mu.Unlock()
+		return answer(0x08, nil) // BUSY: the initiator retries
+	}
+	ss.used += need
+	t.budget = need
+	ss.tasks[t.itt] = t
+	if t.expOut > 0 {
+		t.buf = make([]byte, t.expOut)
+		copy(t.buf, f.Data)
+		t.received = uint32(len(f.Data))
+		t.unsolNext = t.received
+		t.unsolEnd = t.received
+		if !h.Final {
+			t.unsolEnd = min(uint32(ss.params.FirstBurstLength), t.expOut)
+		}
+		t.nextR2T = t.unsolEnd
+		if t.received < t.expOut {
+			r2ts := ss.moreR2Ts(t)
+			ss.mu.Unlock()
+			ss.sendR2Ts(r2ts)
+			return nil
+		}
+	}
+	ss.mu.Unlock()
+	ss.execute(t)
+	return nil
+}
+
+// moreR2Ts creates the R2Ts the task may have outstanding. REQUIRES: mu.
+func (ss *session) moreR2Ts(t *task) []*r2t {
+	var out []*r2t
+	for t.pending < int(ss.params.MaxOutstandingR2T) && t.nextR2T < t.expOut {
+		n := min(uint32(ss.params.MaxBurstLength), t.expOut-t.nextR2T)
+		ss.nextTTT++
+		if ss.nextTTT == pdu.ReservedTag {
+			ss.nextTTT = 1
+		}
+		r := &r2t{t: t, ttt: ss.nextTTT, off: t.nextR2T, len: n, dataSN: 0}
+		ss.r2ts[r.ttt] = r
+		t.nextR2T += n
+		t.pending++
+		out = append(out, r)
+	}
+	return out
+}
+
+func (ss *session) sendR2Ts(rs []*r2t) {
+	for _, r := range rs {
+		t := r.t
+		ss.mu.Lock()
+		sn := t.r2tSN
+		t.r2tSN++
+		ss.mu.Unlock()
+		ss.c.send(&out{h: &pdu.R2T{LUN: t.rawLUN, ITT: t.itt, TTT: r.ttt, R2TSN: sn,
+			BufferOffset: r.off, DesiredDataTransferLength: r.len}})
+	}
+}
+
+func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame) error {
+	ss.mu.Lock()
+	t := ss.tasks[h.ITT]
+	if t == nil || t.executing || t.aborted {
+		// Data for an aborted or finished task is discarded (RFC 7143
+		// 4.2.3.4 for aborted tasks; an unknown ITT is treated alike).
+		ss.mu.Unlock()
+		return nil
+	}
+	n := uint32(len(f.Data))
+	var more []*r2t
+	if h.TTT == pdu.ReservedTag {
+		if h.BufferOffset != t.unsolNext || h.DataSN != t.unsolSN || uint64(t.unsolNext)+uint64(n) > uint64(t.unsolEnd) {
+			ss.mu.Unlock()
+			ss.reject(pdu.RejectProtocolError, f.BHS)
+			return errors.New("unsolicited Data-Out out of sequence or beyond FirstBurstLength")
+		}
+		t.unsolNext += n
+		t.unsolSN++
+	} else {
+		r := ss.r2ts[h.TTT]
+		if r == nil || r.t != t || h.BufferOffset != r.off+r.got || h.DataSN != r.dataSN || r.got+n > r.len {
+			ss.mu.Unlock()
+			ss.reject(pdu.RejectProtocolError, f.BHS)
+			return errors.New("solicited Data-Out does not match its R2T")
+		}
+		r.got += n
+		r.dataSN++
+		if r.got == r.len {
+			if !h.Final {
+				ss.mu.Unlock()
+				ss.reject(pdu.RejectProtocolError, f.BHS)
+				return errors.New("R2T sequence complete without the F bit")
+			}
+			delete(ss.r2ts, r.ttt)
+			t.pending--
+			more = ss.moreR2Ts(t)
+		} else if h.Final {
+			ss.mu.Unlock()
+			ss.reject(pdu.RejectProtocolError, f.BHS)
+			return errors.New("F bit before the R2T's data was sent")
+		}
+	}
+	copy(t.buf[h.BufferOffset:], f.Data)
+	t.received += n
+	ready := t.received == t.expOut
+	ss.mu.Unlock()
+	ss.sendR2Ts(more)
+	if ready {
+		ss.execute(t)
+	}
+	return nil
+}
+
+// execute hands a task whose data-out is complete to the logical units.
+func (ss *session) execute(t *task) {
+	ss.mu.Lock()
+	if t.aborted {
+		ss.mu.Unlock()
+		return
+	}
+	t.executing = true
+	ss.mu.Unlock()
+	ss.s.bytesWritten.Add(uint64(len(t.buf)))
+	// More: another PDU is already buffered (likely the next command),
+	// the engine's write-gathering hint, as on the NBD path. Only the
+	// reader goroutine calls execute, so reading br is safe.
+	st := &scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
+		DataOut: t.buf, ExpectedOut: t.expOut, ExpectedIn: t.expIn,
+		More: ss.c.br.Buffered() >= pdu.BHSLen}
+	ss.target.LUs.Execute(st, func(r *scsi.Result) { ss.complete(t, r) })
+}
+
+// complete is the LogicalUnits' done callback: it queues the result
+// unless the task was aborted (then the response is dropped, RFC 7143
+// 4.2.3.4 / TaskReporting=RFC3720).
+func (ss *session) complete(t *task, r *scsi.Result) {
+	if r.Status == 0x02 {
+		ss.s.checks.Add(1)
+	}
+	ss.mu.Lock()
+	aborted := t.aborted
+	if ss.tasks[t.itt] == t {
+		delete(ss.tasks, t.itt)
+	}
+	ss.used -= t.budget
+	t.buf = nil
+	ss.mu.Unlock()
+	finish := func() {
+		close(t.done)
+		if t.counted {
+			ss.slotDone()
+		}
+		ss.mu.Lock()
+		ss.cond.Broadcast()
+		ss.mu.Unlock()
+	}
+	if aborted {
+		r.Release()
+		finish()
+		return
+	}
+	ss.c.post(&out{task: t, res: r, then: finish})
+}
+
+// abortTasks marks the matching tasks aborted: those still collecting
+// data-out end at once; it returns the done channels of those executing,
+// to wait for.
+func (ss *session) abortTasks(match func(*task) bool) []chan struct{} {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	var waits []chan struct{}
+	for itt, t := range ss.tasks {
+		if !match(t) {
+			continue
+		}
+		if t.aborted {
+			// Already being aborted by another TMF: wait for it too.
+			if t.executing {
+				waits = append(waits, t.done)
+			}
+			continue
+		}
+		t.aborted = true
+		if t.executing {
+			waits = append(waits, t.done)
+			continue
+		}
+		delete(ss.tasks, itt)
+		for ttt, r := range ss.r2ts {
+			if r.t == t {
+				delete(ss.r2ts, ttt)
+			}
+		}
+		ss.used -= t.budget
+		t.buf = nil
+		close(t.done)
+		if t.counted {
+			ss.slotDone()
+		}
+	}
+	ss.cond.Broadcast()
+	return waits
+}
+
+func (ss *session) taskMgmt(h *pdu.TaskMgmtRequest, f pdu.Frame) error {
+	counted := false
+	if !h.Immediate {
+		if !ss.acceptCmdSN(h.CmdSN) {
+			return nil
+		}
+		counted = true
+	}
+	lun := decodeLUN(h.LUN)
+	respond := func(code pdu.TMFResponse, after func()) {
+		o := &out{h: &pdu.TaskMgmtResponse{Response: code, ITT: h.ITT}, status: true}
+		o.then = func() {
+			if counted {
+				ss.slotDone()
+			}
+			if after != nil {
+				after()
+			}
+		}
+		ss.c.send(o)
+	}
+	var waits []chan struct{}
+	var scsiFn uint8
+	closeAfter := false
+	switch h.Function {
+	case pdu.TMFAbortTask:
+		ss.mu.Lock()
+		t := ss.tasks[h.ReferencedTaskTag]
+		ss.mu.Unlock()
+		if t == nil || t.lun != lun {
+			// Not found (RFC 7143 11.5.1): a RefCmdSN inside the window
+			// and below the TMF's own CmdSN names a command not received
+			// yet, which the target considers received and answers
+			// "function complete"; otherwise (the task completed, so its
+			// CmdSN is below ExpCmdSN, or never existed) "task does not
+			// exist".
+			exp, mx := ss.window()
+			if t == nil && pdu.SNInWindow(h.RefCmdSN, exp, mx) && pdu.SNLess(h.RefCmdSN, h.CmdSN) {
+				respond(pdu.TMFFunctionComplete, nil)
+			} else {
+				respond(pdu.TMFTaskDoesNotExist, nil)
+			}
+			return nil
+		}
+		waits = ss.abortTasks(func(x *task) bool { return x == t })
+	case pdu.TMFAbortTaskSet:
+		scsiFn = scsi.TMFAbortTaskSet
+		waits = ss.abortTasks(func(x *task) bool { return x.lun == lun })
+	case pdu.TMFClearTaskSet, pdu.TMFLogicalUnitReset:
+		scsiFn = uint8(h.Function)
+		for _, o := range ss.s.sessionsOf(ss.nexus.TargetName) {
+			waits = append(waits, o.abortTasks(func(x *task) bool { return x.lun == lun })...)
+		}
+	case pdu.TMFTargetWarmReset, pdu.TMFTargetColdReset:
+		scsiFn = uint8(h.Function)
+		for _, o := range ss.s.sessionsOf(ss.nexus.TargetName) {
+			waits = append(waits, o.abortTasks(func(*task) bool { return true })...)
+		}
+		closeAfter = h.Function == pdu.TMFTargetColdReset
+	case pdu.TMFClearACA:
+		scsiFn = scsi.TMFClearACA
+	case pdu.TMFTaskReassign:
+		respond(pdu.TMFReassignmentNotSupported, nil)
+		return nil
+	default:
+		respond(pdu.TMFFunctionRejected, nil)
+		return nil
+	}
+	ss.mu.Lock()
+	ss.tmfs++
+	ss.mu.Unlock()
+	// Waiting for the aborted tasks must not stop the reader (other
+	// tasks' Data-Out keeps flowing), so it happens on its own goroutine.
+	go func() {
+		defer func() {
+			ss.mu.Lock()
+			ss.tmfs--
+			ss.cond.Broadcast()
+			ss.mu.Unlock()
+		}()
+		for _, ch := range waits {
+			<-ch
+		}
+		code := pdu.TMFFunctionComplete
+		if scsiFn != 0 {
+			code = pdu.TMFResponse(ss.target.LUs.TaskManagement(scsiFn, ss.nexus, lun))
+		}
+		var after func()
+		if closeAfter {
+			after = func() { ss.c.post(&out{closeAfter: true}) }
+		}
+		respond(code, after)
+	}()
+	return nil
+}
+
+func (ss *session) textReq(h *pdu.TextRequest, f pdu.Frame) error {
+	counted := false
+	if !h.Immediate {
+		if !ss.acceptCmdSN(h.CmdSN) {
+			return nil
+		}
+		counted = true
+	}
+	send := func(data []byte, cont bool, ttt uint32) {
+		o := &out{h: &pdu.TextResponse{Final: !cont, Continue: cont, LUN: h.LUN, ITT: h.ITT, TTT: ttt},
+			data: data, status: true}
+		if counted {
+			o.then = ss.slotDone
+		}
+		ss.c.send(o)
+	}
+	if h.TTT != pdu.ReservedTag {
+		if h.TTT != ss.textTTT || ss.textRest == nil {
+			ss.textRest = nil
+			ss.reject(pdu.RejectInvalidPDUField, f.BHS)
+			if counted {
+				ss.slotDone()
+			}
+			return nil
+		}
+		ss.sendTextChunk(send)
+		return nil
+	}
+	ss.textRest = nil
+	done, err := ss.textAcc.Add(f.Data, h.Continue)
+	if err != nil {
+		ss.reject(pdu.RejectProtocolError, f.BHS)
+		if counted {
+			ss.slotDone()
+		}
+		return nil
+	}
+	if !done {
+		ss.nextTTT++
+		ss.textTTT = ss.nextTTT
+		send(nil, false, ss.textTTT)
+		return nil
+	}
+	pairs, err := text.Parse(ss.textAcc.Take())
+	if err != nil {
+		ss.reject(pdu.RejectProtocolError, f.BHS)
+		if counted {
+			ss.slotDone()
+		}
+		return nil
+	}
+	var answers []text.Pair
+	for _, p := range pairs {
+		switch p.Key {
+		case "SendTargets":
+			answers = append(answers, ss.sendTargets(p.Value)...)
+		default:
+			if _, known := text.Keys[p.Key]; known {
+				// Keys that may not change in full feature phase, or that
+				// the target does not renegotiate.
+				answers = append(answers, text.Pair{Key: p.Key, Value: text.Reject})
+			} else {
+				answers = append(answers, text.Pair{Key: p.Key, Value: text.NotUnderstood})
+			}
+		}
+	}
+	data, err := text.Append(nil, answers...)
+	if err != nil {
+		data = nil
+	}
+	ss.textRest = data
+	ss.sendTextChunk(send)
+	return nil
+}
+
+// sendTextChunk sends the next part of a Text Response no longer than
+// the initiator's MaxRecvDataSegmentLength (C bit and a TTT while more
+// follows, RFC 7143 11.11).
+func (ss *session) sendTextChunk(send func([]byte, bool, uint32)) {
+	data := ss.textRest
+	if len(data) <= ss.c.peerMax {
+		ss.textRest = nil
+		send(data, false, pdu.ReservedTag)
+		return
+	}
+	ss.textRest = data[ss.c.peerMax:]
+	ss.nextTTT++
+	if ss.nextTTT == pdu.ReservedTag {
+		ss.nextTTT = 1
+	}
+	ss.textTTT = ss.nextTTT
+	send(data[:ss.c.peerMax], true, ss.textTTT)
+}
+
+// sendTargets answers SendTargets=All|NAME|"" (RFC 7143 appendix C).
+func (ss *session) sendTargets(v string) []text.Pair {
+	var ts []Target
+	switch {
+	case v == "All":
+		ts = ss.s.cfg.Targets()
+	case v == "" && !ss.discovery:
+		ts = []Target{ss.target}
+	case v != "":
+		if t, ok := ss.s.lookup(v); ok {
+			ts = []Target{t}
+		}
+	}
+	portals := ss.s.portals(ss.c.nc.LocalAddr())
+	var out []text.Pair
+	for _, t := range ts {
+		if !t.allows(ss.nexus.InitiatorName) {
+			continue
+		}
+		out = append(out, text.Pair{Key: "TargetName", Value: t.Name})
+		for _, p := range portals {
+			out = append(out, text.Pair{Key: "TargetAddress", Value: p.Addr + "," + tpgtString(p.Tag)})
+		}
+	}
+	return out
+}
+
+func (ss *session) logout(h *pdu.LogoutRequest, f pdu.Frame) error {
+	counted := false
+	if !h.Immediate {
+		if !ss.acceptCmdSN(h.CmdSN) {
+			return nil
+		}
+		counted = true
+	}
+	rsp := &pdu.LogoutResponse{ITT: h.ITT}
+	closeAfter := true
+	switch h.Reason {
+	case pdu.LogoutCloseSession:
+	case pdu.LogoutCloseConnection:
+		if h.CID != ss.cid {
+			rsp.Response, closeAfter = pdu.LogoutCIDNotFound, false
+		}
+	default:
+		rsp.Response, closeAfter = pdu.LogoutRecoveryNotSupported, false
+	}
+	if !closeAfter {
+		o := &out{h: rsp, status: true}
+		if counted {
+			o.then = ss.slotDone
+		}
+		ss.c.send(o)
+		return nil
+	}
+	ss.loggingOut = true
+	// Commands still waiting for Data-Out will not get it (the initiator
+	// is logging out): they end now. Those executing complete and are
+	// answered first (RFC 7143 11.14: the logout response ends the
+	// session once they are done).
+	ss.abortTasks(func(t *task) bool { return !t.executing })
+	go func() {
+		ss.mu.Lock()
+		for len(ss.tasks) > 0 || ss.tmfs > 0 {
+			ss.cond.Wait()
+		}
+		ss.mu.Unlock()
+		o := &out{h: rsp, status: true, closeAfter: true}
+		if counted {
+			o.then = ss.slotDone
+		}
+		ss.c.post(o)
+	}()
+	return nil
+}
+
+// waitIdle waits until the session has no task, bounded by d.
+func (ss *session) waitIdle(d time.Duration) {
+	deadline := time.Now().Add(d)
+	t := time.AfterFunc(d, func() {
+		ss.mu.Lock()
+		ss.cond.Broadcast()
+		ss.mu.Unlock()
+	})
+	defer t.Stop()
+	ss.mu.Lock()
+	for (len(ss.tasks) > 0 || ss.tmfs > 0) && time.Now().Before(deadline) {
+		ss.cond.Wait()
+	}
+	ss.mu.Unlock()
+}
+
+func nowNano() int64 { return time.Now().UnixNano() }

@@ -149,6 +149,9 @@ type Daemon struct {
 
 	// replMetrics is set by the replication plugin (SetReplicaMetrics).
 	replMetrics atomic.Pointer[replMetricsFn]
+
+	// roles are replicated volumes' roles (SetVolumeRole, alua.go).
+	roles volumeRoles
 }
 
 // Plugin extends a daemon with per-volume features that live outside this

@@ -566,7 +566,9 @@ func TestReportOpcodesOneEach(t *testing.T) {
 }
 
 // TestResetsAndNexusLoss: a target reset releases RESERVE(6) and
-// gives other nexuses 29/03; a lost nexus's replacement starts with 29/00.
+// gives every nexus 29/03, the one that asked included (a multipath
+// initiator checks each of its paths); a lost nexus's replacement starts
+// with 29/00.
 func TestResetsAndNexusLoss(t *testing.T) {
 	f := newFixture(t)
 	a, b := nexus("iqn.a", 1), nexus("iqn.b", 1)
@@ -577,6 +579,7 @@ func TestResetsAndNexusLoss(t *testing.T) {
 		t.Fatalf("target reset: %d", got)
 	}
 	f.check(a, tur, nil, 0, KeyUnitAttention, 0x29, 0x03)
+	f.check(b, tur, nil, 0, KeyUnitAttention, 0x29, 0x03)
 	if r, w := f.access(b); !r || !w {
 		t.Fatal("RESERVE(6) survived a target reset")
 	}

@@ -267,8 +267,8 @@ func (l *lu) clearUA(it *itl, code uaCode) {
 
 // reset is a LOGICAL UNIT RESET (or target reset) from n: RESERVE(6)
 // reservations are released, mode pages return to their defaults, every
-// nexus gets BUS DEVICE RESET FUNCTION OCCURRED (29/03) except n, whose
-// initiator knows. Persistent reservations are not affected (SPC-4).
+// nexus gets BUS DEVICE RESET FUNCTION OCCURRED (29/03), n included.
+// Persistent reservations are not affected (SPC-4).
 func (l *lu) reset(n *Nexus) {
 	l.mu.Lock()
 	l.spc2 = nil
@@ -276,7 +276,11 @@ func (l *lu) reset(n *Nexus) {
 	l.mu.Unlock()
 	l.dsense.Store(false)
 	l.swp.Store(false)
-	l.addUAAll(n, uaBusDeviceReset)
+	// SAM-5 6.3 (logical unit reset): a unit attention for every I_T
+	// nexus, the one that asked for the reset included; a multipath
+	// initiator relies on seeing it on every path (libiscsi's
+	// MultipathIO.Reset checks each path, the resetting one too).
+	l.addUAAll(nil, uaBusDeviceReset)
 }
 
 // nexusLost drops n's state on l.

@@ -14,6 +14,10 @@ import (
 // DefaultISCSIPort is the IANA iSCSI port.
 const DefaultISCSIPort = 3260
 
+// DefaultISCSIListen is the portal of `iscsi: {enable: true}` without a
+// listen list: loopback only, like the NBD default.
+const DefaultISCSIListen = "127.0.0.1:3260"
+
 // DefaultISCSIIQNPrefix prefixes the node's IQN:
 // iqn.2026-11.org.vmsan:NODE.
 const DefaultISCSIIQNPrefix = "iqn.2026-11.org.vmsan:"
@@ -25,7 +29,8 @@ const (
 )
 
 // ISCSI is the iSCSI front end's configuration (`iscsi:`). The front end
-// is off unless Listen has an entry (from the file or --iscsi-listen).
+// is off unless Listen has an entry (from the file or --iscsi-listen) or
+// Enable is set (then it listens on DefaultISCSIListen).
 //
 //	iscsi:
 //	  listen: ["0.0.0.0:3260", {addr: "10.0.1.5:3260", tpgt: 2}]
@@ -48,6 +53,9 @@ const (
 //	  peer_portals: [{addr: "10.0.0.2:3260", tpgt: 2, relative_port: 2}]
 //	  targets: [{volume: db, scsi_id: 5f0c2d9e-0b7e-4c55-9a41-2b1f0e9f6c11}]
 type ISCSI struct {
+	// Enable turns the front end on with the default portal when Listen
+	// is empty.
+	Enable bool          `yaml:"enable,omitempty"`
 	Listen []ISCSIPortal `yaml:"listen,omitempty"`
 	// PeerPortals are the portals of the other node of a replicated pair:
 	// not listened on, but listed (with their groups) in REPORT TARGET
@@ -130,15 +138,16 @@ func ParseISCSIPortal(s string) (ISCSIPortal, error) {
 	return p, p.validate()
 }
 
-// validatePortalAddr checks HOST:PORT with a numeric port 1..65535.
+// validatePortalAddr checks HOST:PORT with a numeric port 0..65535 (0:
+// any free port, for tests; SendTargets advertises the bound one).
 func validatePortalAddr(a string) error {
 	_, port, err := net.SplitHostPort(a)
 	if err != nil {
 		return err
 	}
 	n, err := strconv.Atoi(port)
-	if err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q: want 1..65535", port)
+	if err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("port %q: want 0..65535", port)
 	}
 	return nil
 }
@@ -199,7 +208,19 @@ func (c *ISCSI) SCSIIDs() map[string]string {
 }
 
 // Enabled says the iSCSI front end is configured.
-func (c *ISCSI) Enabled() bool { return len(c.Listen) > 0 }
+func (c *ISCSI) Enabled() bool { return len(c.Listen) > 0 || c.Enable }
+
+// Portals returns the portals to listen on: Listen, or the default portal
+// when only Enable is set.
+func (c *ISCSI) Portals() []ISCSIPortal {
+	if len(c.Listen) > 0 {
+		return c.Listen
+	}
+	if c.Enable {
+		return []ISCSIPortal{{Addr: DefaultISCSIListen}}
+	}
+	return nil
+}
 
 // TargetName returns the node's IQN.
 func (c *ISCSI) TargetName() string {
@@ -392,7 +413,7 @@ func (c *ISCSI) validatePorts() []string {
 	add := func(f string, x ...any) { errs = append(errs, fmt.Sprintf(f, x...)) }
 	rels := map[uint16]string{}
 	own := map[uint16]bool{}
-	for i, p := range c.Listen {
+	for i, p := range c.Portals() {
 		r := p.Rel(i)
 		if prev, ok := rels[r]; ok {
 			add("iscsi.listen %q: relative_port %d already used by %q", p.Addr, r, prev)

@@ -24,9 +24,16 @@ func TestISCSIConfig(t *testing.T) {
 	if got := ic.TargetName(); got != "iqn.2026-11.org.vmsan:host-1" {
 		t.Fatalf("IQN %q", got)
 	}
+	on, err := Parse([]byte("iscsi: {enable: true}\n"))
+	if err != nil || !on.ISCSI.Enabled() || len(on.ISCSI.Portals()) != 1 || on.ISCSI.Portals()[0].Addr != DefaultISCSIListen {
+		t.Fatalf("enable without listen: %+v, %v", on.ISCSI, err)
+	}
+	if off := Default(); off.ISCSI.Enabled() {
+		t.Fatal("iSCSI on by default")
+	}
 	for _, c := range []struct{ yaml, want string }{
 		{"iscsi: {listen: [\"unix:/x\"]}", "TCP only"},
-		{"iscsi: {listen: [\"127.0.0.1:0\"]}", "want 1..65535"},
+		{"iscsi: {listen: [\"127.0.0.1:99999\"]}", "want 0..65535"},
 		{"iscsi: {mode: cluster}", "want node or per-volume"},
 		{"iscsi: {auth: {user: u, secret: short}}", "12 to 255 bytes"},
 		{"iscsi: {auth: {user: u, secret: \"twelve-bytes\", secret_file: /x}}", "exactly one of secret and secret_file"},

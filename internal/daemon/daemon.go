@@ -474,7 +474,24 @@ func (d *Daemon) publish(fn func(m map[string]*volrt.Volume)) {
 // reads atomics.
 func (d *Daemon) inUse(name string) bool {
 	v := (*d.vols.Load())[name]
-	return v != nil && v.Refs() > 0
+	if v == nil {
+		return false
+	}
+	refs := v.Refs()
+	for _, fe := range d.frontEnds {
+		if h, ok := fe.(idleHolder); ok {
+			refs -= h.IdleHolds(name)
+		}
+	}
+	return refs > 0
+}
+
+// idleHolder is a front end that holds volumes open without a client (the
+// iSCSI front end's logical units keep their volume between sessions).
+// IdleHolds returns how many of vol's references are such holds, so they
+// do not count as connected clients.
+type idleHolder interface {
+	IdleHolds(vol string) int64
 }
 
 // resizeHook is the store's Resize hook: an open volume is resized through

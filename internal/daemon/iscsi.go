@@ -39,11 +39,15 @@ type iscsiFrontEnd struct {
 	scsiIDs  map[string]string // volume -> configured scsi_id
 	sessions *volrt.Sessions
 	luns     *lunMap
+	holds    *holdRegistry // the registry the SCSI layer opens volumes through
 
 	discovery *target.CHAP
 	auth      *target.CHAP
 	perAuth   map[string]*target.CHAP // per-volume overrides
 	perACL    map[string][]string
+
+	stop     chan struct{} // ends watchCapacity
+	stopOnce sync.Once
 
 	mu        sync.Mutex
 	node      *scsi.Target            // mode node
@@ -85,13 +89,14 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	if !ic.Enabled() {
 		return nil, nil
 	}
-	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"),
+	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"), stop: make(chan struct{}),
 		perVolume: map[string]*scsi.Target{}, perAuth: map[string]*target.CHAP{}, perACL: map[string][]string{}}
 	f.luns = &lunMap{d: d, byVol: map[string]uint64{}}
 	f.scsiIDs = ic.SCSIIDs()
 	for _, p := range ic.PeerPortals {
 		f.peer = append(f.peer, scsi.Port{Relative: p.RelativePort, Group: p.Tag()})
 	}
+	f.holds = &holdRegistry{Registry: registry{d}, d: d, n: map[*volrt.Volume]int64{}}
 	var err error
 	if f.discovery, err = chapFrom(ic.DiscoveryAuth); err != nil {
 		return nil, err
@@ -120,7 +125,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		Sessions:      f.sessions,
 		Portals:       f.portals,
 	})
-	for _, p := range ic.Listen {
+	for _, p := range ic.Portals() {
 		ln, err := net.Listen("tcp", p.Addr)
 		if err != nil {
 			f.Close()
@@ -145,7 +150,7 @@ func (f *iscsiFrontEnd) newSCSI(luns func() []scsi.LUN, vol string) *scsi.Target
 		ports = func() []scsi.Port { return f.volumePorts(vol) }
 	}
 	return scsi.New(scsi.Config{
-		Registry:    idRegistry{registry{f.d}, f.scsiIDs},
+		Registry:    idRegistry{f.holds, f.scsiIDs},
 		LUNs:        luns,
 		StateDir:    f.d.store.StateDir,
 		MaxTransfer: iscsiMaxTransfer,
@@ -246,12 +251,12 @@ func uniqueGroups(ps []scsi.Port) []uint16 {
 // designator and serial number: both replicas of a pair then identify as
 // one logical unit (their volume UUIDs differ).
 type idRegistry struct {
-	registry
+	export.Registry
 	ids map[string]string
 }
 
 func (r idRegistry) Open(name string) (export.Device, error) {
-	dev, err := r.registry.Open(name)
+	dev, err := r.Registry.Open(name)
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +328,72 @@ func iqnVolume(n string) string { return strings.ToLower(n) }
 
 func (f *iscsiFrontEnd) Name() string { return "iscsi" }
 
+// IdleHolds implements idleHolder: the references the SCSI layer's
+// logical units hold on vol while no iSCSI session uses it. A logical
+// unit keeps its volume open between sessions (reservations and unit
+// attentions live there); that is not a connected client, so deleting the
+// volume needs no --force. A command that comes later finds the LUN gone.
+func (f *iscsiFrontEnd) IdleHolds(vol string) int64 {
+	if f.sessions.PerVolume()[vol] > 0 {
+		return 0
+	}
+	return f.holds.count(vol)
+}
+
+// holdRegistry counts the devices the SCSI layer holds per volume
+// instance (not per name: a logical unit may still hold a deleted volume
+// when a new one of the same name appears, and that hold is not the new
+// volume's).
+type holdRegistry struct {
+	export.Registry
+	d  *Daemon
+	mu sync.Mutex
+	n  map[*volrt.Volume]int64
+}
+
+func (h *holdRegistry) Open(name string) (export.Device, error) {
+	v := (*h.d.vols.Load())[name]
+	dev, err := h.Registry.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	h.n[v]++
+	h.mu.Unlock()
+	return &heldDevice{Device: dev, h: h, v: v}, nil
+}
+
+// count returns the holds on the volume now published under name.
+func (h *holdRegistry) count(name string) int64 {
+	v := (*h.d.vols.Load())[name]
+	if v == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n[v]
+}
+
+type heldDevice struct {
+	export.Device
+	h    *holdRegistry
+	v    *volrt.Volume
+	once sync.Once
+}
+
+func (d *heldDevice) Release() {
+	d.once.Do(func() {
+		d.h.mu.Lock()
+		if d.h.n[d.v]--; d.h.n[d.v] <= 0 {
+			delete(d.h.n, d.v)
+		}
+		d.h.mu.Unlock()
+		d.Device.Release()
+	})
+}
+
 func (f *iscsiFrontEnd) Serve(ctx context.Context) error {
+	go f.watchCapacity()
 	errc := make(chan error, len(f.lns))
 	for i, ln := range f.lns {
 		go func(ln net.Listener, tag, rel uint16) {
@@ -345,6 +415,7 @@ func (f *iscsiFrontEnd) Serve(ctx context.Context) error {
 }
 
 func (f *iscsiFrontEnd) Shutdown(ctx context.Context) error {
+	f.stopOnce.Do(func() { close(f.stop) })
 	err := f.srv.Shutdown(ctx)
 	f.closeSCSI()
 	if err != nil {
@@ -365,6 +436,7 @@ func (f *iscsiFrontEnd) closeSCSI() {
 }
 
 func (f *iscsiFrontEnd) Close() {
+	f.stopOnce.Do(func() { close(f.stop) })
 	f.closeOnce.Do(func() {
 		if f.srv != nil {
 			f.srv.Close()
@@ -374,6 +446,51 @@ func (f *iscsiFrontEnd) Close() {
 		}
 		f.closeSCSI()
 	})
+}
+
+// watchCapacity tells logged-in initiators about online resizes with an
+// Asynchronous Message (target.Server.NotifyCapacityChanged) by polling
+// the open volumes' sizes every second: a resize is rare, a poll reads one
+// atomic per volume, and no resize path has to know about iSCSI.
+func (f *iscsiFrontEnd) watchCapacity() {
+	last := map[string]int64{}
+	for name, v := range *f.d.vols.Load() {
+		last[name] = v.Size() // sizes when serving starts
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-tick.C:
+		}
+		vols := *f.d.vols.Load()
+		for name, v := range vols {
+			sz := v.Size()
+			if old, seen := last[name]; seen && old != sz {
+				f.notifyResize(name)
+			}
+			last[name] = sz
+		}
+		for name := range last {
+			if _, ok := vols[name]; !ok {
+				delete(last, name)
+			}
+		}
+	}
+}
+
+func (f *iscsiFrontEnd) notifyResize(vol string) {
+	if f.cfg.ModeOrDefault() == config.ISCSIModePerVolume {
+		f.srv.NotifyCapacityChanged(f.iqn+":"+iqnVolume(vol), 0)
+		return
+	}
+	for _, l := range f.luns.get() {
+		if l.Volume == vol {
+			f.srv.NotifyCapacityChanged(f.iqn, l.Number)
+		}
+	}
 }
 
 func (f *iscsiFrontEnd) addrs() []net.Addr {

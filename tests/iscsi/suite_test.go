@@ -133,7 +133,7 @@ func runSuite(t *testing.T, url, logName string) map[string]cuResult {
 	for _, su := range suites(t, bin) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		cmd := exec.CommandContext(ctx, bin, "--dataloss", "--verbose", "--test=ALL."+su, url)
-		cmd.Dir = t.TempDir() // it may write CUnit files into the cwd
+		cmd.Dir = t.TempDir()          // it may write CUnit files into the cwd
 		out, _ := cmd.CombinedOutput() // exits non-zero when any test fails
 		if ctx.Err() != nil {
 			t.Errorf("iscsi-test-cu suite %s against %s timed out", su, logName)
@@ -167,7 +167,7 @@ func tail(s string) string {
 // startTgt runs tgtd on a free port exporting file as LUN 1 of iqn.
 func startTgt(t *testing.T, file, iqn string) string {
 	t.Helper()
-	testutil.NeedRoot(t, "tgtd creates its control socket under /var/run/tgtd")
+	testutil.NeedRoot(t, "tgtd (its control socket under /var/run) and tgtadm")
 	tgtd := testutil.NeedTool(t, "tgtd")
 	tgtadm := testutil.NeedTool(t, "tgtadm")
 	port, err := servers.FreePort()

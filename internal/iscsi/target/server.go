@@ -494,6 +494,34 @@ func (s *Server) AbortNexus(n *scsi.Nexus, lun uint64) {
 	}
 }
 
+// NotifyCapacityChanged sends an Asynchronous Message (SCSI async event
+// with the sense CAPACITY DATA HAS CHANGED, 06/2A/09) about lun to every
+// session of the named target, so initiators that are idle learn of an
+// online resize without waiting for the unit attention on their next
+// command (which the SCSI layer still reports). It returns the number of
+// sessions told.
+func (s *Server) NotifyCapacityChanged(target string, lun uint64) int {
+	n := 0
+	for _, ss := range s.sessionsOf(target) {
+		if ss.discovery {
+			continue
+		}
+		ss.c.post(&out{h: &pdu.AsyncMessage{LUN: encodeLUN(lun), AsyncEvent: pdu.AsyncSCSIEvent},
+			data: pdu.SenseData(senseFixed(0x06, 0x2a, 0x09)), status: true})
+		n++
+	}
+	return n
+}
+
+// encodeLUN is decodeLUN's inverse: peripheral addressing below 256, flat
+// addressing up to 16383.
+func encodeLUN(lun uint64) uint64 {
+	if lun < 256 {
+		return lun << 48
+	}
+	return (0x4000 | lun&0x3fff) << 48
+}
+
 // findTSIH returns the session with a TSIH (a login for an existing session).
 func (s *Server) findTSIH(tsih uint16) *session {
 	s.mu.Lock()

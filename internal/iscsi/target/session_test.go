@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,6 +176,15 @@ func TestLoginStatuses(t *testing.T) {
 			}
 		})
 	}
+	t.Run("overlong value", func(t *testing.T) {
+		i := dial(t, ts.addr)
+		// Built by hand: text.Append refuses the overlong value.
+		data := []byte("InitiatorName=iqn.2026-11.test:" + strings.Repeat("x", 300) + "\x00TargetName=" + testIQN + "\x00")
+		rsp, _ := i.loginPDU(&pdu.LoginRequest{CSG: op}, data)
+		if rsp.Status != pdu.LoginInitiatorError {
+			t.Fatalf("status %v, want initiator error", rsp.Status)
+		}
+	})
 	t.Run("duplicate key", func(t *testing.T) {
 		i := dial(t, ts.addr)
 		data := append(keys("InitiatorName", "iqn.2026-11.test:ini", "TargetName", testIQN), keys("TargetName", testIQN)...)
@@ -583,5 +593,57 @@ func TestLogoutWithPendingWrite(t *testing.T) {
 	}
 	if ts.lu.execs.Load() != 0 {
 		t.Fatal("the write without its data ran")
+	}
+}
+
+// TestAsyncCapacityChanged: NotifyCapacityChanged reaches the target's
+// sessions as an Asynchronous Message carrying 06/2A/09 for the LUN.
+func TestAsyncCapacityChanged(t *testing.T) {
+	ts := startServer(t, nil)
+	i := dial(t, ts.addr)
+	i.login()
+	if n := ts.srv.NotifyCapacityChanged(testIQN, 300); n != 1 {
+		t.Fatalf("told %d sessions", n)
+	}
+	am, f := expect[*pdu.AsyncMessage](i)
+	sense, err := pdu.ParseSenseData(f.Data)
+	if err != nil || am.AsyncEvent != pdu.AsyncSCSIEvent || decodeLUN(am.LUN) != 300 ||
+		len(sense) < 14 || sense[2]&0xf != 6 || sense[12] != 0x2a || sense[13] != 0x09 {
+		t.Fatalf("async message %+v sense %x (%v)", am, sense, err)
+	}
+	for _, l := range []uint64{0, 1, 255, 256, 16383} {
+		if decodeLUN(encodeLUN(l)) != l {
+			t.Errorf("LUN %d does not round-trip", l)
+		}
+	}
+}
+
+// TestSessionBudget: write commands whose data has not arrived hold their
+// buffers against the session budget; past it the target answers BUSY
+// instead of allocating more (a client cannot make it hold unbounded
+// memory by announcing writes it never sends).
+func TestSessionBudget(t *testing.T) {
+	ts := startServer(t, func(c *Config, _ *Target) { c.SessionBudget = 1 << 20 })
+	i := dial(t, ts.addr)
+	i.login("InitialR2T", "Yes", "ImmediateData", "No")
+	for k := uint32(0); k < 3; k++ {
+		i.send(&pdu.SCSICommand{Final: true, Write: true, ITT: k, ExpectedDataTransferLength: 512 << 10, CmdSN: i.cmdSN, CDB: writeCDB(0, 1024)}, nil)
+		i.cmdSN++
+	}
+	r2ts, busy := 0, 0
+	for r2ts+busy < 3 {
+		f := i.recv()
+		switch h := f.Header.(type) {
+		case *pdu.R2T:
+			r2ts++
+		case *pdu.SCSIResponse:
+			if h.ITT != 2 || h.Status != pdu.StatusBusy {
+				t.Fatalf("response %+v", h)
+			}
+			busy++
+		}
+	}
+	if r2ts != 2 || busy != 1 {
+		t.Fatalf("%d R2Ts, %d BUSY; want 2 and 1", r2ts, busy)
 	}
 }

@@ -57,11 +57,11 @@ type lu struct {
 	dev export.Device
 
 	// Set at open, read-only.
-	bs       uint32 // logical block size
-	bsShift  uint
-	ppbExp   uint8  // logical blocks per physical block exponent
-	maxXfer  uint32 // bytes, a multiple of bs
-	maxCAW   uint8  // blocks per COMPARE AND WRITE: 2×maxCAW blocks ≤ maxXfer
+	bs      uint32 // logical block size
+	bsShift uint
+	ppbExp  uint8  // logical blocks per physical block exponent
+	maxXfer uint32 // bytes, a multiple of bs
+	maxCAW  uint8  // blocks per COMPARE AND WRITE: 2×maxCAW blocks ≤ maxXfer
 	// readOnly follows the device's Info (checkSize): a replicated
 	// volume is read-only while its node is secondary and writable once
 	// promoted, under the same open logical unit.

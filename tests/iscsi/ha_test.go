@@ -336,7 +336,10 @@ iscsi:
 	waitCond(t, "a read through the promoted node", 60*time.Second, func() bool {
 		out, err = qio(b.url(), "read -P 0xa5 0 1M")
 		return err == nil && !strings.Contains(out, "error") && !strings.Contains(out, "fail")
-	}, func() string { r, c := b.replStatus(t); return fmt.Sprintf("%v %s\nrole %s conn %s\n%s", err, out, r, c, b.p.logTail()) })
+	}, func() string {
+		r, c := b.replStatus(t)
+		return fmt.Sprintf("%v %s\nrole %s conn %s\n%s", err, out, r, c, b.p.logTail())
+	})
 	done := time.Now()
 	// One logical unit: the same designators through both nodes (the
 	// secondary's are read now that it serves).

@@ -752,3 +752,18 @@ func TestVolumeRecreated(t *testing.T) {
 		t.Fatal("read the deleted volume's data")
 	}
 }
+
+// TestWriteProtectFollowsDevice: write protection is the device's current
+// one, not the one at open: a replicated volume's logical unit opened
+// while its node was secondary (read-only) accepts writes once promoted,
+// and refuses them again after a demote.
+func TestWriteProtectFollowsDevice(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	blk := pattern(512, 3)
+	f.good(f.n, cdb10(opWrite10, 0, 0, 1), blk, 0)
+	f.dev.Meta.ReadOnly = true
+	f.check(f.n, cdb10(opWrite10, 0, 0, 1), blk, 0, KeyDataProtect, 0x27, 0)
+	f.dev.Meta.ReadOnly = false
+	f.good(f.n, cdb10(opWrite10, 0, 0, 1), blk, 0)
+}

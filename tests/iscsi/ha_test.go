@@ -262,7 +262,8 @@ func waitCond(t *testing.T, what string, d time.Duration, cond func() bool, more
 // primary and `vmsan repl promote` on the secondary, the secondary's path
 // serves the data written before the kill. The time from the kill to the
 // first read completed on the promoted node is logged (the target side of
-// a node failover; the initiator's path checker adds its interval).
+// a node failover; the initiator's path checker adds its interval). The
+// old primary then restarts as secondary with a standby path.
 func TestReplicatedPairISCSI(t *testing.T) {
 	testutil.NeedTool(t, "qemu-io")
 	base := testutil.DiskTempDir(t)
@@ -341,6 +342,13 @@ iscsi:
 		return fmt.Sprintf("%v %s\nrole %s conn %s\n%s", err, out, r, c, b.p.logTail())
 	})
 	done := time.Now()
+	// The promote went through ALUA transitioning to active/optimized
+	// (replication -> Daemon.SetVolumeRole -> the iSCSI front end).
+	log := b.p.logTail()
+	ch, pr := strings.Index(log, "role=changing was=secondary"), strings.Index(log, "role=primary was=changing")
+	if ch < 0 || pr < ch {
+		t.Fatalf("the promote's role steps (secondary -> changing -> primary) are not in the log:\n%s", log)
+	}
 	// One logical unit: the same designators through both nodes (the
 	// secondary's are read now that it serves).
 	vb := vpd83(t, b.url())
@@ -351,4 +359,19 @@ iscsi:
 	}
 	t.Logf("node failover (target side): kill -9 -> promote %.2fs, promote -> first good read %.2fs, total %.2fs",
 		promoted.Sub(killed).Seconds(), done.Sub(promoted).Seconds(), done.Sub(killed).Seconds())
+
+	// The old primary restarts: crashed while primary, it comes back
+	// secondary, resyncs, and its path is standby.
+	if out, err := qio(b.url(), "write -P 0x5a 1M 64k", "flush"); err != nil || strings.Contains(out, "error") {
+		t.Fatalf("write through the promoted node: %v\n%s", err, out)
+	}
+	a.start(t)
+	waitCond(t, "old primary back as secondary, connected", 60*time.Second, func() bool {
+		ra, ca := a.replStatus(t)
+		rb, cb := b.replStatus(t)
+		return ra == "Secondary" && rb == "Primary" && ca == "Connected" && cb == "Connected"
+	})
+	if out, err := run(t, 30*time.Second, "iscsi-inq", a.url()); err == nil || !strings.Contains(out, "0x040b") {
+		t.Fatalf("the restarted old primary's path is not standby: %v\n%s", err, out)
+	}
 }

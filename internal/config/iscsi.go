@@ -41,11 +41,28 @@ const (
 //	  initiators: [iqn.1993-08.org.debian:01:abc]
 //	  targets:                    # per-volume overrides (mode per-volume)
 //	    - {volume: db, initiators: [iqn.2020-01.com.example:db1]}
+//
+// A replicated pair (docs/iscsi.md "HA pair") presents each replicated
+// volume as one logical unit on both nodes: mode per-volume, the same
+// scsi_id for the volume on both nodes, node-unique portal group tags and
+// relative port ids, and each node lists the other's portals:
+//
+//	iscsi:
+//	  mode: per-volume
+//	  listen: [{addr: "10.0.0.1:3260", tpgt: 1, relative_port: 1}]
+//	  peer_portals: [{addr: "10.0.0.2:3260", tpgt: 2, relative_port: 2}]
+//	  targets: [{volume: db, scsi_id: 5f0c2d9e-0b7e-4c55-9a41-2b1f0e9f6c11}]
 type ISCSI struct {
 	// Enable turns the front end on with the default portal when Listen
 	// is empty.
 	Enable bool          `yaml:"enable,omitempty"`
 	Listen []ISCSIPortal `yaml:"listen,omitempty"`
+	// PeerPortals are the portals of the other node of a replicated pair:
+	// not listened on, but listed (with their groups) in REPORT TARGET
+	// PORT GROUPS for replicated volumes, so an initiator sees both
+	// nodes' paths as one logical unit with asymmetric access states.
+	// Their tpgt and relative_port must differ from this node's.
+	PeerPortals []ISCSIPortal `yaml:"peer_portals,omitempty"`
 	// NodeName names the node in the IQN (default: the host name).
 	NodeName string `yaml:"node_name,omitempty"`
 	// IQN overrides the node's IQN (default DefaultISCSIIQNPrefix+NodeName).
@@ -73,6 +90,19 @@ type ISCSI struct {
 type ISCSIPortal struct {
 	Addr string `yaml:"addr"`
 	TPGT uint16 `yaml:"tpgt,omitempty"` // 0: 1
+	// RelativePort is the relative target port identifier (SPC-4 VPD 83
+	// type 4); 0: the portal's position in the list, from 1. Set it in a
+	// replicated pair so that the two nodes' ports differ.
+	RelativePort uint16 `yaml:"relative_port,omitempty"`
+}
+
+// Rel is the relative target port identifier of the i-th portal (from 0)
+// of a list.
+func (p ISCSIPortal) Rel(i int) uint16 {
+	if p.RelativePort != 0 {
+		return p.RelativePort
+	}
+	return uint16(i + 1)
 }
 
 // UnmarshalYAML accepts the short scalar form.
@@ -157,6 +187,24 @@ type ISCSITarget struct {
 	Volume     string     `yaml:"volume"`
 	Auth       *ISCSIAuth `yaml:"auth,omitempty"`
 	Initiators []string   `yaml:"initiators,omitempty"`
+	// SCSIID replaces the volume's UUID as the source of its SCSI
+	// identity (the NAA designator and unit serial number of VPD 83/80).
+	// Each node gives its volumes their own random UUID, so the two
+	// replicas of a replicated pair differ: give the volume the same
+	// scsi_id on both nodes (e.g. the primary's UUID, `vmsan volume info`)
+	// so that initiators see one logical unit. Any mode.
+	SCSIID string `yaml:"scsi_id,omitempty"`
+}
+
+// SCSIIDs maps volumes to their configured scsi_id.
+func (c *ISCSI) SCSIIDs() map[string]string {
+	out := map[string]string{}
+	for _, t := range c.Targets {
+		if t.SCSIID != "" {
+			out[t.Volume] = t.SCSIID
+		}
+	}
+	return out
 }
 
 // Enabled says the iSCSI front end is configured.
@@ -296,6 +344,7 @@ func (c *ISCSI) validate() []string {
 		}
 		seen[p.Addr] = true
 	}
+	errs = append(errs, c.validatePorts()...)
 	switch c.Mode {
 	case "", ISCSIModeNode, ISCSIModePerVolume:
 	default:
@@ -328,9 +377,67 @@ func (c *ISCSI) validate() []string {
 				add("%s.initiators %q: not an iSCSI name", where, n)
 			}
 		}
+		if t.SCSIID != "" && len(hexDigits(t.SCSIID)) != 32 {
+			add("%s.scsi_id %q: want a UUID (32 hex digits, dashes allowed)", where, t.SCSIID)
+		}
 	}
 	if c.QueueDepth < 0 || c.QueueDepth > 4096 {
 		add("iscsi.queue_depth %d: want 1..4096", c.QueueDepth)
+	}
+	return errs
+}
+
+// hexDigits keeps the hex digits of s (a UUID without its dashes).
+func hexDigits(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f', c >= 'A' && c <= 'F':
+			b = append(b, c)
+		case c == '-':
+		default:
+			return ""
+		}
+	}
+	return string(b)
+}
+
+// validatePorts checks the target port identities: relative port ids are
+// unique across this node's and the peer's portals (both nodes report one
+// logical unit, whose ports SPC-4 requires to be distinct), and a portal
+// group is either this node's or the peer's, never both (ALUA states are
+// per group, and the two nodes' groups change state independently).
+func (c *ISCSI) validatePorts() []string {
+	var errs []string
+	add := func(f string, x ...any) { errs = append(errs, fmt.Sprintf(f, x...)) }
+	rels := map[uint16]string{}
+	own := map[uint16]bool{}
+	for i, p := range c.Portals() {
+		r := p.Rel(i)
+		if prev, ok := rels[r]; ok {
+			add("iscsi.listen %q: relative_port %d already used by %q", p.Addr, r, prev)
+		}
+		rels[r] = p.Addr
+		own[p.Tag()] = true
+	}
+	if len(c.PeerPortals) > 0 && c.ModeOrDefault() != ISCSIModePerVolume {
+		add("iscsi.peer_portals: a replicated pair needs mode per-volume (ALUA states are per volume: each node is primary for some volumes only)")
+	}
+	for _, p := range c.PeerPortals {
+		if err := p.validate(); err != nil {
+			add("iscsi.peer_portals: %v", err)
+		}
+		if p.RelativePort == 0 {
+			add("iscsi.peer_portals %q: relative_port is required (the peer's own setting)", p.Addr)
+		} else if prev, ok := rels[p.RelativePort]; ok {
+			add("iscsi.peer_portals %q: relative_port %d already used by %q", p.Addr, p.RelativePort, prev)
+		} else {
+			rels[p.RelativePort] = p.Addr
+		}
+		if own[p.Tag()] {
+			add("iscsi.peer_portals %q: tpgt %d is also one of this node's portal groups (give each node its own)", p.Addr, p.Tag())
+		}
 	}
 	return errs
 }

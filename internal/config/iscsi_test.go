@@ -60,3 +60,36 @@ func TestISCSIConfig(t *testing.T) {
 		t.Error("portal group tag 0 accepted")
 	}
 }
+
+// TestISCSIPairConfig: a replicated pair's port identities (relative
+// ports, peer portals, scsi_id) parse, and collisions are refused.
+func TestISCSIPairConfig(t *testing.T) {
+	cfg, err := Parse([]byte(`iscsi:
+  mode: per-volume
+  listen: [{addr: "10.0.0.1:3260", tpgt: 1, relative_port: 1}, {addr: "10.0.1.1:3260", tpgt: 1, relative_port: 3}]
+  peer_portals: [{addr: "10.0.0.2:3260", tpgt: 2, relative_port: 2}]
+  targets: [{volume: db, scsi_id: 5f0c2d9e-0b7e-4c55-9a41-2b1f0e9f6c11}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ic := cfg.ISCSI
+	if ic.Listen[1].Rel(1) != 3 || ic.PeerPortals[0].RelativePort != 2 || ic.SCSIIDs()["db"] != "5f0c2d9e-0b7e-4c55-9a41-2b1f0e9f6c11" {
+		t.Fatalf("parsed %+v", ic)
+	}
+	if (ISCSIPortal{Addr: "x:1"}).Rel(4) != 5 {
+		t.Fatal("default relative port is not the position from 1")
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{`iscsi: {mode: per-volume, listen: ["10.0.0.1:3260"], peer_portals: [{addr: "10.0.0.2:3260", tpgt: 1, relative_port: 2}]}`, "also one of this node's portal groups"},
+		{`iscsi: {mode: per-volume, listen: ["10.0.0.1:3260"], peer_portals: [{addr: "10.0.0.2:3260", tpgt: 2, relative_port: 1}]}`, "relative_port 1 already used"},
+		{`iscsi: {mode: per-volume, listen: ["10.0.0.1:3260"], peer_portals: [{addr: "10.0.0.2:3260", tpgt: 2}]}`, "relative_port is required"},
+		{`iscsi: {listen: ["10.0.0.1:3260"], peer_portals: [{addr: "10.0.0.2:3260", tpgt: 2, relative_port: 2}]}`, "needs mode per-volume"},
+		{`iscsi: {listen: [{addr: "10.0.0.1:3260", relative_port: 2}, "10.0.0.1:3261"]}`, "relative_port 2 already used"},
+		{`iscsi: {targets: [{volume: db, scsi_id: not-a-uuid}]}`, "want a UUID"},
+	} {
+		if _, err := Parse([]byte(c.yaml)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want %q", c.yaml, err, c.want)
+		}
+	}
+}

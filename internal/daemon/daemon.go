@@ -13,7 +13,9 @@
 //
 // Plugins (replication) and volume hooks are passed in Options; there is
 // no global registration, so a daemon built in a test has exactly what the
-// test passes.
+// test passes. A plugin tells the front ends a replicated volume's role
+// with SetVolumeRole (alua.go; the iSCSI front end maps it to ALUA port
+// group states), so front ends and plugins never import each other.
 //
 // New binds every listener before returning, so tests can pass "127.0.0.1:0"
 // and read the real address from NBDAddrs.
@@ -152,6 +154,9 @@ type Daemon struct {
 
 	// replMetrics is set by the replication plugin (SetReplicaMetrics).
 	replMetrics atomic.Pointer[replMetricsFn]
+
+	// roles are replicated volumes' roles (SetVolumeRole, alua.go).
+	roles volumeRoles
 }
 
 // Plugin extends a daemon with per-volume features that live outside this

@@ -34,6 +34,9 @@ type iscsiFrontEnd struct {
 	srv      *target.Server
 	lns      []net.Listener
 	tags     []uint16
+	rels     []uint16 // relative target port ids, by listener
+	peer     []scsi.Port
+	scsiIDs  map[string]string // volume -> configured scsi_id
 	sessions *volrt.Sessions
 	luns     *lunMap
 	holds    *holdRegistry // the registry the SCSI layer opens volumes through
@@ -89,6 +92,10 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"), stop: make(chan struct{}),
 		perVolume: map[string]*scsi.Target{}, perAuth: map[string]*target.CHAP{}, perACL: map[string][]string{}}
 	f.luns = &lunMap{d: d, byVol: map[string]uint64{}}
+	f.scsiIDs = ic.SCSIIDs()
+	for _, p := range ic.PeerPortals {
+		f.peer = append(f.peer, scsi.Port{Relative: p.RelativePort, Group: p.Tag()})
+	}
 	f.holds = &holdRegistry{Registry: registry{d}, d: d, n: map[*volrt.Volume]int64{}}
 	var err error
 	if f.discovery, err = chapFrom(ic.DiscoveryAuth); err != nil {
@@ -116,6 +123,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		NopTimeout:    time.Duration(ic.NopTimeout),
 		Logger:        d.log,
 		Sessions:      f.sessions,
+		Portals:       f.portals,
 	})
 	for _, p := range ic.Portals() {
 		ln, err := net.Listen("tcp", p.Addr)
@@ -125,32 +133,148 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		}
 		f.lns = append(f.lns, ln)
 		f.tags = append(f.tags, p.Tag())
+		f.rels = append(f.rels, p.Rel(len(f.rels)))
 	}
 	if ic.ModeOrDefault() == config.ISCSIModeNode {
-		f.node = f.newSCSI(f.luns.get)
+		f.node = f.newSCSI(f.luns.get, "")
 	}
 	return f, nil
 }
 
-// newSCSI builds the SCSI layer over the daemon's volumes.
-func (f *iscsiFrontEnd) newSCSI(luns func() []scsi.LUN) *scsi.Target {
+// newSCSI builds the SCSI layer over the daemon's volumes; vol names the
+// one volume of a per-volume target ("" in node mode), whose replication
+// role decides its ALUA states (volumeRoleChanged).
+func (f *iscsiFrontEnd) newSCSI(luns func() []scsi.LUN, vol string) *scsi.Target {
+	ports := f.ports
+	if vol != "" {
+		ports = func() []scsi.Port { return f.volumePorts(vol) }
+	}
 	return scsi.New(scsi.Config{
-		Registry:    f.holds,
+		Registry:    idRegistry{f.holds, f.scsiIDs},
 		LUNs:        luns,
 		StateDir:    f.d.store.StateDir,
 		MaxTransfer: iscsiMaxTransfer,
-		Ports:       f.ports,
+		Ports:       ports,
 		Abort:       f.srv.AbortNexus,
 	})
 }
 
-// ports are the target ports (relative port = listener order from 1).
+// ports are this node's target ports (config order; relative port ids
+// from the config, default the position from 1).
 func (f *iscsiFrontEnd) ports() []scsi.Port {
 	out := make([]scsi.Port, len(f.tags))
 	for i, t := range f.tags {
-		out[i] = scsi.Port{Relative: uint16(i + 1), Group: t}
+		out[i] = scsi.Port{Relative: f.rels[i], Group: t}
 	}
 	return out
+}
+
+// volumePorts are a per-volume target's ports: this node's, and for a
+// replicated volume the peer's too (iscsi.peer_portals), so that REPORT
+// TARGET PORT GROUPS describes both nodes' paths to the one logical unit.
+func (f *iscsiFrontEnd) volumePorts(vol string) []scsi.Port {
+	out := f.ports()
+	if f.d.VolumeRole(vol) != RoleStandalone {
+		out = append(out, f.peer...)
+	}
+	return out
+}
+
+// portals is what SendTargets advertises: every listener in config order
+// (Serve goroutines register in no particular order).
+func (f *iscsiFrontEnd) portals() []target.Portal {
+	out := make([]target.Portal, len(f.lns))
+	for i, ln := range f.lns {
+		out[i] = target.Portal{Addr: ln.Addr().String(), Tag: f.tags[i]}
+	}
+	return out
+}
+
+// volumeRoleChanged applies a replicated volume's role to its target's
+// port groups (roleObserver). Node mode has one target for every volume
+// and cannot give volumes different states: roles apply to per-volume
+// targets only (config refuses peer_portals in node mode).
+func (f *iscsiFrontEnd) volumeRoleChanged(name string, r VolumeRole) {
+	f.mu.Lock()
+	t := f.perVolume[name]
+	f.mu.Unlock()
+	if t != nil {
+		f.applyRole(t, r)
+	}
+}
+
+// applyRole sets the ALUA states of this node's and the peer's groups:
+//
+//	role          this node's groups     peer's groups
+//	standalone    active/optimized       (not listed)
+//	primary       active/optimized       standby
+//	secondary     standby                active/optimized
+//	changing      transitioning          unchanged
+//
+// Every change raises ASYMMETRIC ACCESS STATE CHANGED (2A/06) on every
+// I_T nexus, which makes Linux's scsi_dh_alua re-read the states.
+func (f *iscsiFrontEnd) applyRole(t *scsi.Target, r VolumeRole) {
+	own, peer := scsi.ALUAActiveOptimized, scsi.ALUAStandby
+	setPeer := len(f.peer) > 0
+	switch r {
+	case RoleStandalone:
+		setPeer = false
+	case RoleSecondary:
+		own, peer = scsi.ALUAStandby, scsi.ALUAActiveOptimized
+	case RoleChanging:
+		own, setPeer = scsi.ALUATransitioning, false
+	}
+	for _, g := range uniqueGroups(f.ports()) {
+		t.SetPortGroupState(g, own)
+	}
+	if setPeer {
+		for _, g := range uniqueGroups(f.peer) {
+			t.SetPortGroupState(g, peer)
+		}
+	}
+}
+
+func uniqueGroups(ps []scsi.Port) []uint16 {
+	var out []uint16
+	seen := map[uint16]bool{}
+	for _, p := range ps {
+		if !seen[p.Group] {
+			seen[p.Group] = true
+			out = append(out, p.Group)
+		}
+	}
+	return out
+}
+
+// idRegistry gives volumes with a configured scsi_id that UUID in their
+// export.Info, from which package scsi derives the logical unit's NAA
+// designator and serial number: both replicas of a pair then identify as
+// one logical unit (their volume UUIDs differ).
+type idRegistry struct {
+	export.Registry
+	ids map[string]string
+}
+
+func (r idRegistry) Open(name string) (export.Device, error) {
+	dev, err := r.Registry.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	if id, ok := r.ids[dev.Info().Name]; ok {
+		return idDevice{dev, id}, nil
+	}
+	return dev, nil
+}
+
+type idDevice struct {
+	export.Device
+	id string
+}
+
+func (d idDevice) Info() export.Info {
+	i := d.Device.Info()
+	i.UUID = d.id
+	return i
 }
 
 // volumeNames returns the open volumes, sorted.
@@ -179,7 +303,10 @@ func (f *iscsiFrontEnd) targets() []target.Target {
 		if lus == nil {
 			vol := n
 			one := []scsi.LUN{{Number: 0, Volume: vol}}
-			lus = f.newSCSI(func() []scsi.LUN { return one })
+			lus = f.newSCSI(func() []scsi.LUN { return one }, vol)
+			if r := f.d.VolumeRole(vol); r != RoleStandalone {
+				f.applyRole(lus, r)
+			}
 			f.perVolume[n] = lus
 		}
 		auth, acl := f.auth, f.cfg.Initiators
@@ -269,15 +396,15 @@ func (f *iscsiFrontEnd) Serve(ctx context.Context) error {
 	go f.watchCapacity()
 	errc := make(chan error, len(f.lns))
 	for i, ln := range f.lns {
-		go func(ln net.Listener, tag uint16) {
-			err := f.srv.Serve(ln, tag)
+		go func(ln net.Listener, tag, rel uint16) {
+			err := f.srv.ServePort(ln, tag, rel)
 			if err != nil && !errors.Is(err, target.ErrServerClosed) {
 				err = fmt.Errorf("iscsi listener %s: %w", ln.Addr(), err)
 			} else {
 				err = nil
 			}
 			errc <- err
-		}(ln, f.tags[i])
+		}(ln, f.tags[i], f.rels[i])
 	}
 	for range f.lns {
 		if err := <-errc; err != nil {

@@ -566,7 +566,9 @@ func TestReportOpcodesOneEach(t *testing.T) {
 }
 
 // TestResetsAndNexusLoss: a target reset releases RESERVE(6) and
-// gives other nexuses 29/03; a lost nexus's replacement starts with 29/00.
+// gives every nexus 29/03, the one that asked included (a multipath
+// initiator checks each of its paths); a lost nexus's replacement starts
+// with 29/00.
 func TestResetsAndNexusLoss(t *testing.T) {
 	f := newFixture(t)
 	a, b := nexus("iqn.a", 1), nexus("iqn.b", 1)
@@ -577,6 +579,7 @@ func TestResetsAndNexusLoss(t *testing.T) {
 		t.Fatalf("target reset: %d", got)
 	}
 	f.check(a, tur, nil, 0, KeyUnitAttention, 0x29, 0x03)
+	f.check(b, tur, nil, 0, KeyUnitAttention, 0x29, 0x03)
 	if r, w := f.access(b); !r || !w {
 		t.Fatal("RESERVE(6) survived a target reset")
 	}
@@ -748,4 +751,19 @@ func TestVolumeRecreated(t *testing.T) {
 	if d := f.good(f.n, cdb10(opRead10, 0, 0, 1), nil, 512).data; !bytes.Equal(d, make([]byte, 512)) {
 		t.Fatal("read the deleted volume's data")
 	}
+}
+
+// TestWriteProtectFollowsDevice: write protection is the device's current
+// one, not the one at open: a replicated volume's logical unit opened
+// while its node was secondary (read-only) accepts writes once promoted,
+// and refuses them again after a demote.
+func TestWriteProtectFollowsDevice(t *testing.T) {
+	f := newFixture(t)
+	f.ready(f.n)
+	blk := pattern(512, 3)
+	f.good(f.n, cdb10(opWrite10, 0, 0, 1), blk, 0)
+	f.dev.Meta.ReadOnly = true
+	f.check(f.n, cdb10(opWrite10, 0, 0, 1), blk, 0, KeyDataProtect, 0x27, 0)
+	f.dev.Meta.ReadOnly = false
+	f.good(f.n, cdb10(opWrite10, 0, 0, 1), blk, 0)
 }

@@ -57,12 +57,15 @@ type lu struct {
 	dev export.Device
 
 	// Set at open, read-only.
-	bs       uint32 // logical block size
-	bsShift  uint
-	ppbExp   uint8  // logical blocks per physical block exponent
-	maxXfer  uint32 // bytes, a multiple of bs
-	maxCAW   uint8  // blocks per COMPARE AND WRITE: 2×maxCAW blocks ≤ maxXfer
-	readOnly bool
+	bs      uint32 // logical block size
+	bsShift uint
+	ppbExp  uint8  // logical blocks per physical block exponent
+	maxXfer uint32 // bytes, a multiple of bs
+	maxCAW  uint8  // blocks per COMPARE AND WRITE: 2×maxCAW blocks ≤ maxXfer
+	// readOnly follows the device's Info (checkSize): a replicated
+	// volume is read-only while its node is secondary and writable once
+	// promoted, under the same open logical unit.
+	readOnly atomic.Bool
 	rotation bool
 	wce      bool
 	naa      [16]byte
@@ -111,7 +114,7 @@ func newLU(t *Target, num uint64, vol string, dev export.Device) *lu {
 	}
 	l.maxXfer = max(l.maxXfer&^(l.bs-1), l.bs)
 	l.maxCAW = uint8(max(min(maxCompareAndWrite, l.maxXfer/l.bs/2), 1))
-	l.readOnly = info.ReadOnly
+	l.readOnly.Store(info.ReadOnly)
 	l.rotation = info.Rotational
 	// QEMU's rule: every cache mode but writethrough has a volatile cache
 	// the initiator must flush (SYNCHRONIZE CACHE / FUA).
@@ -168,9 +171,14 @@ func (l *lu) close() { l.dev.Release() }
 // blocks is the capacity in logical blocks.
 func (l *lu) blocks() uint64 { return uint64(l.size.Load()) >> l.bsShift }
 
-// checkSize notices a resize: CAPACITY DATA HAS CHANGED to every nexus.
+// checkSize notices a resize (CAPACITY DATA HAS CHANGED to every nexus)
+// and a change of the device's write protection (a promoted secondary).
 func (l *lu) checkSize() {
-	sz := l.dev.Info().Size
+	info := l.dev.Info()
+	if info.ReadOnly != l.readOnly.Load() {
+		l.readOnly.Store(info.ReadOnly)
+	}
+	sz := info.Size
 	if old := l.size.Load(); old != sz && l.size.CompareAndSwap(old, sz) {
 		l.addUAAll(nil, uaCapacityChanged)
 	}
@@ -267,8 +275,8 @@ func (l *lu) clearUA(it *itl, code uaCode) {
 
 // reset is a LOGICAL UNIT RESET (or target reset) from n: RESERVE(6)
 // reservations are released, mode pages return to their defaults, every
-// nexus gets BUS DEVICE RESET FUNCTION OCCURRED (29/03) except n, whose
-// initiator knows. Persistent reservations are not affected (SPC-4).
+// nexus gets BUS DEVICE RESET FUNCTION OCCURRED (29/03), n included.
+// Persistent reservations are not affected (SPC-4).
 func (l *lu) reset(n *Nexus) {
 	l.mu.Lock()
 	l.spc2 = nil
@@ -276,7 +284,11 @@ func (l *lu) reset(n *Nexus) {
 	l.mu.Unlock()
 	l.dsense.Store(false)
 	l.swp.Store(false)
-	l.addUAAll(n, uaBusDeviceReset)
+	// SAM-5 6.3 (logical unit reset): a unit attention for every I_T
+	// nexus, the one that asked for the reset included; a multipath
+	// initiator relies on seeing it on every path (libiscsi's
+	// MultipathIO.Reset checks each path, the resetting one too).
+	l.addUAAll(nil, uaBusDeviceReset)
 }
 
 // nexusLost drops n's state on l.

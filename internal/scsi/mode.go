@@ -102,7 +102,7 @@ func (c *cmd) modeSense() {
 		p += n
 	}
 	dsp := byte(0x10) // DPOFUA
-	if l.readOnly || l.swp.Load() {
+	if l.readOnly.Load() || l.swp.Load() {
 		dsp |= 0x80 // WP
 	}
 	if ten {

@@ -56,7 +56,7 @@ func (c *cmd) checkRange(lba, nblk uint64) bool {
 // checkWritable fails c with DATA PROTECT on a read-only or software
 // write-protected logical unit.
 func (c *cmd) checkWritable() bool {
-	if c.lu.readOnly {
+	if c.lu.readOnly.Load() {
 		c.fail(senseWriteProtected)
 		return false
 	}

@@ -76,6 +76,10 @@ func parseCU(out string) map[string]cuResult {
 			finish(cuPass)
 		case tr == "FAILED":
 			finish(cuFail)
+		case strings.HasPrefix(tr, "passed "):
+			// CUnit's verdict, then log lines of the suite's teardown on
+			// the same line (e.g. its cleanup meeting a unit attention).
+			finish(cuPass)
 		}
 	}
 	for _, l := range lines(out) {
@@ -289,9 +293,11 @@ FAILED
     1. x.c:38  - CU_ASSERT_EQUAL(_r,0)
 Suite: B
   Test: One ...passed
+  Test: Two ...    [FAILED] RESERVE6 command: failed with sense. SENSE KEY:UNIT_ATTENTION(6)
+passed    [FAILED] PRIN command: failed with sense. SENSE KEY:UNIT_ATTENTION(6)
 `
 	got := parseCU(out)
-	want := map[string]cuResult{"A.One": cuPass, "A.Two": cuSkip, "A.Three": cuFail, "B.One": cuPass}
+	want := map[string]cuResult{"A.One": cuPass, "A.Two": cuSkip, "A.Three": cuFail, "B.One": cuPass, "B.Two": cuPass}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s: got %q want %q (all %v)", k, got[k], v, got)

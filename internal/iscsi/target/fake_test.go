@@ -19,6 +19,7 @@ type ramLU struct {
 	tmfs  atomic.Int32
 	lost  atomic.Int32
 	execs atomic.Int32
+	nexus atomic.Pointer[scsi.Nexus] // the last command's
 }
 
 func newRAMLU(size int) *ramLU { return &ramLU{disk: make([]byte, size)} }
@@ -29,6 +30,7 @@ func sense(key, asc, ascq byte) *scsi.Result {
 
 func (l *ramLU) Execute(t *scsi.Task, done func(*scsi.Result)) {
 	l.execs.Add(1)
+	l.nexus.Store(t.Nexus)
 	if b := l.block; b != nil {
 		go func() { <-b; done(l.run(t)) }()
 		return

@@ -216,8 +216,18 @@ func New(cfg Config) *Server {
 }
 
 // Serve accepts connections on ln, a portal of portal group tag tpgt,
-// until Shutdown or Close (ErrServerClosed) or an accept error.
-func (s *Server) Serve(ln net.Listener, tpgt uint16) error {
+// until Shutdown or Close (ErrServerClosed) or an accept error. The
+// portal's relative target port identifier is its position in Serve
+// order, from 1: a caller that starts several Serve goroutines should use
+// ServePort, since goroutines start in no particular order.
+func (s *Server) Serve(ln net.Listener, tpgt uint16) error { return s.ServePort(ln, tpgt, 0) }
+
+// ServePort is Serve with an explicit relative target port identifier
+// (SPC-4 VPD 83 designator type 4, reported with the portal's sessions and
+// in REPORT TARGET PORT GROUPS); 0 means the position in Serve order.
+// Identifiers must be unique per target, and across the nodes of a
+// replicated pair (both report one logical unit).
+func (s *Server) ServePort(ln net.Listener, tpgt, rel uint16) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -226,9 +236,10 @@ func (s *Server) Serve(ln net.Listener, tpgt uint16) error {
 	}
 	s.lns[ln] = tpgt
 	s.lnOrder = append(s.lnOrder, ln)
-	// The relative target port identifier (SPC-4 VPD 83 type 4) is the
-	// portal's position in Serve order, from 1.
-	relPort := uint16(len(s.lnOrder))
+	relPort := rel
+	if relPort == 0 {
+		relPort = uint16(len(s.lnOrder))
+	}
 	s.mu.Unlock()
 	var delay time.Duration
 	for {

@@ -216,6 +216,9 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 	log := r.log
 	if s.Role != p.Role {
 		log.Info("replication role changed", "from", p.Role.String(), "to", s.Role.String())
+		if r.onRole != nil {
+			r.onRole(s.Role)
+		}
 	}
 	if s.Disk != p.Disk {
 		log.Info("replication disk state changed", "from", p.Disk.String(), "to", s.Disk.String())

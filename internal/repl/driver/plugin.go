@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/vmsan/vmsan/internal/config"
@@ -16,6 +17,7 @@ import (
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/metrics"
+	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -34,6 +36,7 @@ import (
 // `vmsan status` gains a "replication" section, and /metrics the
 // vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
+	d       *daemon.Daemon // set by Start
 	dataDir string
 	log     *slog.Logger
 
@@ -68,6 +71,7 @@ func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 
 // Start opens every configured replica.
 func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error)) error {
+	p.d = d
 	for _, name := range volume.StateVolumes(p.dataDir, settingsRel) {
 		dir := Dir(p.dataDir, name)
 		set, err := LoadSettings(dir)
@@ -93,7 +97,9 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		if err != nil {
 			return fmt.Errorf("replication of %s: volume: %w", name, err)
 		}
-		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: d.Events()})
+		vol := name
+		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: d.Events(),
+			OnRole: func(ro repl.Role) { d.SetVolumeRole(vol, frontRole(ro)) }})
 		if err != nil {
 			dev.Release()
 			return err
@@ -103,6 +109,8 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		p.devByName[name] = dev
 		p.mu.Unlock()
 		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
+		// The role the replica starts in (later changes come via OnRole).
+		d.SetVolumeRole(name, frontRole(r.role()))
 	}
 	d.AddStatus("replication", func() any { return p.Statuses() })
 	d.SetReplicaMetrics(p.Metrics)
@@ -161,7 +169,15 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	var err error
-	switch req.PathValue("op") {
+	op := req.PathValue("op")
+	if strings.HasPrefix(op, "promote") || strings.HasPrefix(op, "demote") {
+		// Front ends show the change as it happens (iSCSI: ALUA
+		// transitioning, so initiators retry instead of failing I/O), then
+		// the role it ended in (also when the operation failed).
+		p.d.SetVolumeRole(r.name, daemon.RoleChanging)
+		defer func() { p.d.SetVolumeRole(r.name, frontRole(r.role())) }()
+	}
+	switch op {
 	case "promote":
 		err = r.Promote(false)
 	case "promote-force":
@@ -178,7 +194,7 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 		err = r.Disconnect()
 	default:
 		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found",
-			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, verify, connect or disconnect)", req.PathValue("op"))})
+			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, verify, connect or disconnect)", op)})
 		return
 	}
 	if err != nil {
@@ -315,3 +331,26 @@ func DeleteCheck(dataDir, name string, force bool) error {
 
 // settingsRel is config.json relative to a volume's state directory.
 var settingsRel = filepath.Join("repl", "config.json")
+
+// role is the replica's current role (RoleUnknown before the first
+// status).
+func (r *Replica) role() repl.Role {
+	switch r.Status().Role {
+	case repl.Primary.String():
+		return repl.Primary
+	case repl.Secondary.String():
+		return repl.Secondary
+	}
+	return repl.RoleUnknown
+}
+
+// frontRole maps a replication role to the role front ends present.
+func frontRole(r repl.Role) daemon.VolumeRole {
+	switch r {
+	case repl.Primary:
+		return daemon.RolePrimary
+	case repl.Secondary:
+		return daemon.RoleSecondary
+	}
+	return daemon.RoleStandalone
+}

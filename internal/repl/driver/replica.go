@@ -64,6 +64,11 @@ type Options struct {
 	// Events, if set, gets the replica's state changes and resync progress
 	// (`vmsan events`; the daemon's bus).
 	Events *events.Bus
+	// OnRole, if set, is called (from the replica's loop: it must not
+	// call back into the Replica) whenever this node's role changes; the
+	// plugin passes it to the daemon (Daemon.SetVolumeRole) for the front
+	// ends' ALUA states.
+	OnRole func(repl.Role)
 }
 
 // Replica is one replicated volume on this node.
@@ -74,7 +79,9 @@ type Replica struct {
 	st   *state
 	log  *slog.Logger
 	bus  *events.Bus // nil: no events
-	tick time.Duration
+	// onRole is Options.OnRole (nil: none).
+	onRole func(repl.Role)
+	tick   time.Duration
 
 	node *repl.Node // loop only
 
@@ -219,7 +226,7 @@ func Start(o Options) (*Replica, error) {
 		Checksum: s.Checksum, Rand: randGen,
 	}
 	r := &Replica{
-		name: o.Name, set: s, dev: o.Device, st: st, log: log, bus: o.Events,
+		name: o.Name, set: s, dev: o.Device, st: st, log: log, bus: o.Events, onRole: o.OnRole,
 		tick:    tk.Tick,
 		node:    repl.NewNode(cfg, m, words, al),
 		events:  make(chan event, 1024),

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/testutil"
+)
+
+// multipathParse has multipath-tools' own parser read conf as
+// /etc/multipath.conf and returns its complaints about the file. The host
+// is not touched: multipath runs in a private mount namespace with a tmpfs
+// over /etc (multipath has no option naming another config file, and it
+// writes /etc/multipath/bindings). It cannot build maps there (no
+// device-mapper), so only the parser's messages count.
+func multipathParse(t *testing.T, conf []byte) string {
+	t.Helper()
+	mp := testutil.NeedTool(t, "multipath")
+	un := testutil.NeedTool(t, "unshare")
+	if os.Geteuid() != 0 {
+		t.Skip("a private mount namespace needs root here; multipath.conf not parsed")
+	}
+	f := filepath.Join(t.TempDir(), "multipath.conf")
+	if err := os.WriteFile(f, conf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, un, "-m", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs none /etc && cp "$1" /etc/multipath.conf && exec "$2" -v3 -T`, "sh", f, mp).CombinedOutput()
+	var bad []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "multipath.conf") && !strings.Contains(l, "reading") {
+			bad = append(bad, l)
+		}
+	}
+	if !strings.Contains(string(out), "multipath") {
+		t.Fatalf("multipath did not run:\n%s", out)
+	}
+	return strings.Join(bad, "\n")
+}
+
+// TestMultipathConfParses: multipath-tools accepts every keyword and value
+// `vmsan iscsi multipath-conf` prints; a broken copy is refused (the check
+// can fail).
+func TestMultipathConfParses(t *testing.T) {
+	var b bytes.Buffer
+	writeMultipathConf(&b, multipathOpts{noPathRetry: 30, replacementTimeout: 5, noopInterval: 2, noopTimeout: 2})
+	conf := b.String()
+	for _, want := range []string{`vendor "VMSAN"`, "path_grouping_policy group_by_prio", "prio alua", `hardware_handler "1 alua"`,
+		"path_checker tur", "failback immediate", "no_path_retry 30", "node.session.timeo.replacement_timeout = 5",
+		"noop_out_interval = 2", "noop_out_timeout = 2"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("multipath-conf lacks %q", want)
+		}
+	}
+	if msg := multipathParse(t, []byte(conf)); msg != "" {
+		t.Fatalf("multipath refuses the generated configuration:\n%s\n%s", msg, conf)
+	}
+	broken := strings.Replace(strings.Replace(conf, "failback immediate", "failback sometimes", 1), "path_checker tur", "path_checkr tur", 1)
+	if msg := multipathParse(t, []byte(broken)); !strings.Contains(msg, "failback") || !strings.Contains(msg, "path_checkr") {
+		t.Fatalf("multipath did not refuse a broken configuration: %q", msg)
+	}
+}

@@ -1,0 +1,86 @@
+package daemon
+
+import "sync"
+
+// VolumeRole is a volume's role in a replicated pair as front ends present
+// it to initiators (iSCSI: ALUA asymmetric access states). The daemon is
+// the glue between replication (a plugin, which sets roles) and the front
+// ends (which read them), so that neither imports the other.
+type VolumeRole uint8
+
+const (
+	// RoleStandalone: not replicated (the default); served read-write on
+	// every path.
+	RoleStandalone VolumeRole = iota
+	// RolePrimary: this node serves the volume; the peer's paths are
+	// standby.
+	RolePrimary
+	// RoleSecondary: the peer serves it; this node's paths are standby.
+	RoleSecondary
+	// RoleChanging: a promote or demote is in progress (ALUA
+	// transitioning: commands get NOT READY, 04/0A, and are retried).
+	RoleChanging
+)
+
+func (r VolumeRole) String() string {
+	switch r {
+	case RolePrimary:
+		return "primary"
+	case RoleSecondary:
+		return "secondary"
+	case RoleChanging:
+		return "changing"
+	}
+	return "standalone"
+}
+
+// roleObserver is implemented by front ends that present roles
+// (iscsiFrontEnd). volumeRoleChanged must not call SetVolumeRole.
+type roleObserver interface {
+	volumeRoleChanged(name string, r VolumeRole)
+}
+
+type volumeRoles struct {
+	mu sync.Mutex
+	m  map[string]VolumeRole
+	// apply serialises the observers' calls, so that two role changes in
+	// quick succession reach every front end in the order they were set.
+	apply sync.Mutex
+}
+
+// SetVolumeRole records a replicated volume's role and tells the front
+// ends (iSCSI changes the volume's ALUA states and raises the unit
+// attention ASYMMETRIC ACCESS STATE CHANGED). Replication calls it when a
+// replica starts and whenever its role changes, and with RoleChanging
+// around promote and demote. Safe for concurrent use.
+func (d *Daemon) SetVolumeRole(name string, r VolumeRole) {
+	d.roles.apply.Lock()
+	defer d.roles.apply.Unlock()
+	d.roles.mu.Lock()
+	if d.roles.m == nil {
+		d.roles.m = map[string]VolumeRole{}
+	}
+	old := d.roles.m[name]
+	if r == RoleStandalone {
+		delete(d.roles.m, name)
+	} else {
+		d.roles.m[name] = r
+	}
+	d.roles.mu.Unlock()
+	if old == r {
+		return
+	}
+	d.log.Info("volume role for front ends", "volume", name, "role", r.String(), "was", old.String())
+	for _, fe := range d.frontEnds {
+		if o, ok := fe.(roleObserver); ok {
+			o.volumeRoleChanged(name, r)
+		}
+	}
+}
+
+// VolumeRole returns a volume's role (RoleStandalone unless set).
+func (d *Daemon) VolumeRole(name string) VolumeRole {
+	d.roles.mu.Lock()
+	defer d.roles.mu.Unlock()
+	return d.roles.m[name]
+}

@@ -76,8 +76,24 @@ func TestGuestLogin(t *testing.T) {
 // the writer, and verifies every slot with O_DIRECT reads through the map.
 // No write may fail at any point. The host then checks the slots in the
 // backing file.
+//
+// Two ways to lose a path: "drop" closes its TCP connections (a target
+// port that went away: the initiator sees the close at once) and
+// "blackhole" stalls them (a silent network loss: only open-iscsi's
+// NOP-Out ping, 2 s + 2 s here, notices). Either way the session then has
+// replacement_timeout (5 s) to come back before its I/O is failed to
+// dm-multipath, which retries it on the other path.
 func TestGuestMultipath(t *testing.T) {
 	guest := buildGuest(t)
+	t.Run("drop", func(t *testing.T) {
+		multipathCut(t, guest, func(p *faultproxy.Proxy, on bool) { p.Drop(on) })
+	})
+	t.Run("blackhole", func(t *testing.T) {
+		multipathCut(t, guest, func(p *faultproxy.Proxy, on bool) { p.Blackhole(on) })
+	})
+}
+
+func multipathCut(t *testing.T, guest string, cut func(p *faultproxy.Proxy, on bool)) {
 	const slots = 8
 	tg := startTarget(t, (slots+2)*4*MiB)
 	var paths [2]*faultproxy.Proxy
@@ -109,19 +125,19 @@ func TestGuestMultipath(t *testing.T) {
 			switch {
 			case strings.HasPrefix(l, "WRITER-RUNNING"):
 				t.Logf("cutting path 1 (%d connections)", paths[0].Conns())
-				paths[0].Drop(true)
+				cut(paths[0], true)
 				cutAt = time.Now()
 			case strings.HasPrefix(l, "PATH-FAILED"):
 				failedLine = l
 			case strings.HasPrefix(l, "IO-CONTINUES"):
 				ioAfter = l
 				t.Logf("restoring path 1")
-				paths[0].Drop(false)
+				cut(paths[0], false)
 				restoredAt = time.Now()
 			}
 		},
 	})
-	for _, want := range []string{"MAP ", "WRITER-RUNNING", "PATH-FAILED", "IO-CONTINUES", "PATH-RESTORED", "VERIFY-OK"} {
+	for _, want := range []string{"MAP ", "WRITER-RUNNING", "PATH-FAILED", "IO-CONTINUES", "PATH-RESTORED", "VERIFY-OK", "MAX-STALL"} {
 		if !res.has(want) {
 			t.Fatalf("guest did not report %s; its lines:\n  %s", want, strings.Join(res.Lines, "\n  "))
 		}
@@ -142,7 +158,7 @@ func TestGuestMultipath(t *testing.T) {
 		tg.Kind, cutAt.Sub(time.Now().Add(-res.Elapsed)).Round(100*time.Millisecond), failedLine, ioAfter,
 		restoredAt.Sub(cutAt).Round(100*time.Millisecond), res.Elapsed.Round(100*time.Millisecond))
 	mu.Unlock()
-	t.Logf("guest: %s; %s", res.line("PATH-RESTORED"), res.line("VERIFY-OK"))
+	t.Logf("guest: %s; %s; %s", res.line("PATH-RESTORED"), res.line("VERIFY-OK"), res.line("MAX-STALL"))
 	if tg.Backing == "" {
 		return
 	}

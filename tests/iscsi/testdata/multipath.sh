@@ -38,7 +38,7 @@ rm -f /tmp/stop /tmp/slots /tmp/writer.err
 			echo "slot $k: $(cat /tmp/writer.dd)" >/tmp/writer.err
 			break
 		fi
-		echo "$k $(date +%s)" >>/tmp/slots
+		echo "$k $(cut -d' ' -f1 /proc/uptime)" >>/tmp/slots
 		k=$(((k + 1) % SLOTS))
 	done
 ) &
@@ -82,6 +82,9 @@ while [ $k -lt $used ]; do
 	k=$((k + 1))
 done
 say "VERIFY-OK slots_written=$n slots_verified=$used"
+# The longest time between two completed slots: how long the writer was
+# held up by the failover (a slot takes a fraction of a second otherwise).
+say "MAX-STALL $(awk 'NR > 1 && $2 - prev > max { max = $2 - prev; at = NR } { prev = $2 } END { printf "%.1fs before slot %d", max, at }' /tmp/slots) (uptime stamps: $(awk '{ printf "%s ", $2 }' /tmp/slots))"
 
 multipath -F >/dev/null 2>&1
 for p in "$PORTAL" "$PORTAL2"; do

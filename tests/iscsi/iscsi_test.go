@@ -16,7 +16,8 @@ import (
 const MiB = 1 << 20
 
 // TestGuestLogin: Linux's initiator in the guest against the target over
-// one path. The guest (testdata/login.sh) discovers the target, is refused
+// one path. The guest (testdata/login.sh) checks that every program the
+// image carries starts, discovers the target, is refused
 // with a wrong CHAP secret, logs in with the right one, checks INQUIRY
 // (vendor/product), VPD 0x83 (an NAA designator), persistent reservations
 // (register, reserve, read, release, unregister), writes scripts/guest's
@@ -35,7 +36,7 @@ func TestGuestLogin(t *testing.T) {
 			"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
 		},
 	})
-	for _, want := range []string{"DISCOVERY-OK", "CHAP-REFUSED", "LOGIN-OK", "VPD83-NAA", "PR-OK", "PATTERN-OK", "DISCARD-OK", "LOGOUT-OK"} {
+	for _, want := range []string{"TOOLS-OK", "DISCOVERY-OK", "CHAP-REFUSED", "LOGIN-OK", "VPD83-NAA", "PR-OK", "PATTERN-OK", "DISCARD-OK", "LOGOUT-OK"} {
 		if !res.has(want) {
 			t.Fatalf("guest did not report %s; its lines:\n  %s", want, strings.Join(res.Lines, "\n  "))
 		}

@@ -6,6 +6,21 @@
 # VMSAN-GUEST line that the host test checks.
 P=$PORTAL
 
+# Every carried program starts (its libraries and loader are in the image).
+for c in "iscsiadm --version" "iscsid --version" "multipath -h" "multipathd -h" "mpathpersist -h" \
+	"dmsetup --version" "sg_inq --version" "sg_vpd --version" "sg_persist --version" "sg_rtpg --version" \
+	"sg_turs --version" "sg_readcap --version" "sg_luns --version" "bonnie++ -h"; do
+	# shellcheck disable=SC2086
+	$c >/tmp/tool.out 2>&1
+	rc=$?
+	# 127: not found; 126: not executable; the loader's "error while
+	# loading shared libraries" for a missing library.
+	if [ $rc -ge 126 ] || grep -q 'error while loading' /tmp/tool.out; then
+		fail "${c%% *} does not run (exit $rc): $(head -3 /tmp/tool.out)"
+	fi
+done
+say "TOOLS-OK"
+
 run iscsi_discover "$P" "$CHAP_USER" "$CHAP_SECRET" || fail "discovery"
 grep -q " $IQN\$" /tmp/run.out && say "DISCOVERY-OK $(tr '\n' ' ' </tmp/run.out)" || fail "discovery does not list $IQN"
 

@@ -28,12 +28,19 @@ RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt)(/|$$)
 # Debian packages the tests drive (real NBD clients and servers, QEMU,
 # filesystems for the loop-mount tests, certtool for TLS certificates,
 # libiscsi's iscsi-inq/iscsi-ls for the iSCSI codec's live initiator test,
-# systemd-analyze for the unit file check in packaging/).
+# systemd-analyze for the unit file check in packaging/; tgt as the
+# reference iSCSI target, and open-iscsi, multipath-tools, sg3-utils and
+# bonnie++ whose binaries scripts/guest/build.sh --iscsi copies into the
+# test guest: tests/iscsi starts iscsid and multipathd only inside that
+# guest, never on the host. On a host with systemd, installing open-iscsi
+# and multipath-tools enables their units; CI containers start none).
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
-             busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd
+             busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd \
+             tgt open-iscsi multipath-tools dmsetup sg3-utils bonnie++
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
-             nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze
+             nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze \
+             tgtd iscsiadm multipath dmsetup sg_inq bonnie++
 
 .PHONY: all build install deb test deps vet unit race fuzz-short fuzz bench soak clean scenarios
 

@@ -12,7 +12,11 @@
 # of open-iscsi (iscsiadm, iscsid), multipath-tools (multipath, multipathd,
 # mpathpersist, their checker/prioritizer plugins), dmsetup, sg3-utils
 # (sg_inq, sg_vpd, sg_persist, sg_rtpg, ...) and bonnie++, each with the
-# libraries ldd names, and scripts/guest/init-iscsi as /init. The default
+# libraries ldd names, and scripts/guest/init-iscsi as /init.
+# GUEST_KERNEL=generic takes Debian's generic kernel (linux-image-6.1.0-N-amd64,
+# a 70 MB download) instead of the cloud one, into <repo>/.cache/guest-generic
+# or guest-iscsi-generic by default: it has CONFIG_SCSI_DH
+# and so scsi_dh_alua, the kernel side of ALUA that Debian hosts run. The default
 # flavour is untouched by it (a separate output directory and stamp), so the
 # virtio tests keep their small, fast initramfs. The initiator packages must
 # be installed on the build host (they are in the Makefile's APT_PKGS); their
@@ -38,13 +42,21 @@ if [ "${1:-}" = --iscsi ]; then
 	flavour=iscsi
 	shift
 fi
+kflavour=${GUEST_KERNEL:-cloud}
+case "$kflavour" in
+cloud) kre='-cloud-amd64' ;;
+generic) kre='-amd64' ;;
+*) echo "build.sh: GUEST_KERNEL must be cloud or generic" >&2; exit 1 ;;
+esac
 if [ "$flavour" = iscsi ]; then
-	out=${1:-$repo/.cache/guest-iscsi}
+	name=guest-iscsi
 	init_src=$here/init-iscsi
 else
-	out=${1:-$repo/.cache/guest}
+	name=guest
 	init_src=$here/init
 fi
+[ "$kflavour" = generic ] && name=$name-generic
+out=${1:-$repo/.cache/$name}
 mkdir -p "$out"
 # Keep the cache out of git without touching the repo's .gitignore.
 [ -f "$repo/.cache/.gitignore" ] || { mkdir -p "$repo/.cache" && echo '*' > "$repo/.cache/.gitignore"; }
@@ -66,9 +78,9 @@ if ! file -L "$busybox" 2>/dev/null | grep -q 'statically linked'; then
 	command -v file >/dev/null 2>&1 && { echo "build.sh: $busybox is not static (install busybox-static)" >&2; exit 1; }
 fi
 
-# Newest 6.1 cloud kernel package known to apt. apt-cache needs lists: update once if empty.
+# Newest 6.1 kernel package of that flavour known to apt. apt-cache needs lists: update once if empty.
 pick_kernel() {
-	apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-cloud-amd64$' 2>/dev/null |
+	apt-cache search --names-only "^linux-image-6\\.1\\.0-[0-9]+$kre\$" 2>/dev/null |
 		awk '{print $1}' | sort -V | tail -1
 }
 kpkg=$(pick_kernel)
@@ -76,7 +88,7 @@ if [ -z "$kpkg" ]; then
 	[ "$(id -u)" = 0 ] && apt-get update -q >/dev/null
 	kpkg=$(pick_kernel)
 fi
-[ -n "$kpkg" ] || { echo "build.sh: no linux-image-6.1.0-*-cloud-amd64 in apt" >&2; exit 1; }
+[ -n "$kpkg" ] || { echo "build.sh: no linux-image-6.1.0-*$kre in apt" >&2; exit 1; }
 
 # Host programs the iSCSI flavour copies (see iscsi_files below).
 ISCSI_BINS="iscsiadm iscsid multipath multipathd mpathpersist dmsetup sg_inq sg_vpd sg_persist sg_rtpg sg_turs sg_readcap sg_luns bonnie++"
@@ -190,6 +202,10 @@ if [ "$flavour" = iscsi ]; then
 	for m in sd_mod sg iscsi_tcp dm_multipath dm_round_robin dm_service_time dm_queue_length virtio_net; do
 		add_mod "$m"
 	done
+	# iscsi_tcp asks the crypto API for "crc32c" when it sets up a
+	# connection; busybox has no module autoloading, so where CRC32C is a
+	# module (the generic kernel) it is loaded up front.
+	if [ "$(grep -E '^CONFIG_CRYPTO_CRC32C=' "$config" | cut -d= -f2)" = m ]; then add_mod crc32c_generic; fi
 	if [ -n "$(modpath scsi_dh_alua)" ]; then add_mod scsi_dh_alua; fi
 fi
 i=10

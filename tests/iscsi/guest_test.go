@@ -30,16 +30,24 @@ var (
 
 // buildGuest runs scripts/guest/build.sh --iscsi (idempotent, cached under
 // .cache/guest-iscsi) once per test binary and returns its directory.
+// VMSAN_GUEST_KERNEL=generic builds it with Debian's generic kernel instead
+// of the cloud one (GUEST_KERNEL=generic: scsi_dh_alua, a bigger download),
+// cached under .cache/guest-iscsi-generic.
 func buildGuest(t *testing.T) string {
 	t.Helper()
 	for _, tool := range []string{"qemu-system-x86_64", "cpio", "iscsiadm", "iscsid", "multipath", "multipathd", "sg_inq", "bonnie++"} {
 		testutil.NeedTool(t, tool)
 	}
 	guestOnce.Do(func() {
-		dir := filepath.Join(repoRoot, ".cache", "guest-iscsi")
+		name, kernel := "guest-iscsi", "cloud"
+		if os.Getenv("VMSAN_GUEST_KERNEL") == "generic" {
+			name, kernel = "guest-iscsi-generic", "generic"
+		}
+		dir := filepath.Join(repoRoot, ".cache", name)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot, "scripts", "guest", "build.sh"), "--iscsi", dir)
+		cmd.Env = append(os.Environ(), "GUEST_KERNEL="+kernel)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			guestErr = fmt.Errorf("scripts/guest/build.sh --iscsi: %v\n%s", err, out)

@@ -151,8 +151,17 @@ func multipathCut(t *testing.T, guest string, cut func(p *faultproxy.Proxy, on b
 	if !strings.Contains(mapLine, " paths=2") {
 		t.Errorf("guest map: %q, want 2 active paths", mapLine)
 	}
-	if tg.Kind == "tgt" && !strings.Contains(mapLine, " groups=1") {
-		t.Errorf("guest map: %q, want both paths in one group (tgt has no ALUA)", mapLine)
+	switch {
+	case tg.ALUA:
+		// Implicit ALUA with every port active/optimized (one node):
+		// the ALUA hardware handler, one group of equal priority.
+		if !strings.Contains(mapLine, " hwhandler=1 alua") || !strings.Contains(mapLine, " groups=1") {
+			t.Errorf("guest map: %q, want hwhandler '1 alua' and both paths in one group", mapLine)
+		}
+	case tg.Kind == "tgt":
+		if !strings.Contains(mapLine, " hwhandler=0") || !strings.Contains(mapLine, " groups=1") {
+			t.Errorf("guest map: %q, want no hardware handler and both paths in one group (tgt has no ALUA)", mapLine)
+		}
 	}
 	mu.Lock()
 	t.Logf("target %s: path cut %v after boot; guest: %q, %q; restored %v after the cut; guest boot to power-off %v",

@@ -19,8 +19,10 @@
 // is already running: VMSAN_ISCSI_PORTAL (host:port on this host),
 // VMSAN_ISCSI_IQN, VMSAN_ISCSI_USER/VMSAN_ISCSI_SECRET (CHAP, both
 // required), VMSAN_ISCSI_VENDOR/VMSAN_ISCSI_PRODUCT (what its INQUIRY
-// answers; default VMSAN/vmsan) and optionally VMSAN_ISCSI_BACKING (the
-// file behind the LU, for the host-side checks). vmsan's own target plugs
+// answers; default VMSAN/vmsan), optionally VMSAN_ISCSI_BACKING (the
+// file behind the LU, for the host-side checks) and VMSAN_ISCSI_ALUA=1
+// (the target reports implicit ALUA: the multipath map must then use the
+// "1 alua" hardware handler). vmsan's own target plugs
 // in as a third kind once it exists.
 //
 // Run it with:

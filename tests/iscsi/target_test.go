@@ -27,6 +27,7 @@ type target struct {
 	Vendor  string // what INQUIRY answers: the multipath.conf device section matches it
 	Product string
 	Backing string // the file behind the LU, "" if unknown (external)
+	ALUA    bool   // implicit ALUA, all ports active/optimized (tgt: no)
 	Size    int64
 }
 
@@ -57,6 +58,7 @@ func startTarget(t *testing.T, size int64) *target {
 			Vendor:  envOr("VMSAN_ISCSI_VENDOR", "VMSAN"),
 			Product: envOr("VMSAN_ISCSI_PRODUCT", "vmsan"),
 			Backing: os.Getenv("VMSAN_ISCSI_BACKING"),
+			ALUA:    os.Getenv("VMSAN_ISCSI_ALUA") == "1",
 		}
 		if tg.Portal == "" || tg.IQN == "" || tg.User == "" || tg.Secret == "" {
 			t.Fatal("VMSAN_ISCSI_TARGET=external needs VMSAN_ISCSI_PORTAL, VMSAN_ISCSI_IQN, VMSAN_ISCSI_USER and VMSAN_ISCSI_SECRET")

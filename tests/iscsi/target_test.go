@@ -220,6 +220,10 @@ func runTgtd(t *testing.T, port int, dir string) (string, bool) {
 			t.Fatalf("tgtd on port %d did not answer tgtadm in 10 s", port)
 		}
 	}
+	// Only the log says whether tgtd got its portal: after a failed bind it
+	// still lists the portal (tgtadm --mode portal) but listens on the
+	// default one. It binds before it answers tgtadm, so the log is
+	// complete by now.
 	log, _ := os.ReadFile(logPath)
 	if bytes.Contains(log, []byte("failed to create/bind")) || bytes.Contains(log, []byte("another tgtd")) {
 		stop()

@@ -2,14 +2,18 @@ package iscsi_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/iscsi/pdu"
 	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
 )
 
@@ -24,14 +28,23 @@ const MiB = 1 << 20
 // 4 MiB pattern at 1 MiB with O_DIRECT and reads it back, writes it again
 // at 8 MiB and discards the first 2 MiB of that, and logs out. The host
 // then checks the backing file: the pattern at 1 MiB, zeroes where the
-// discard went, the pattern's second half after it.
+// discard went, the pattern's second half after it. All of it passes a
+// capturing proxy, and vmsan's PDU codec must read every PDU (checkCapture).
 func TestGuestLogin(t *testing.T) {
 	guest := buildGuest(t)
 	tg := startTarget(t, 64*MiB)
+	// Every connection passes a capturing proxy: afterwards vmsan's PDU
+	// codec must frame and decode all of what open-iscsi and the target
+	// sent each other.
+	cp, err := newCapProxy(tg.Portal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cp.Close)
 	res := bootGuest(t, guest, guestRun{
 		Script: "login.sh",
 		Env: map[string]string{
-			"PORTAL": guestPortal(tg.Portal), "IQN": tg.IQN,
+			"PORTAL": guestPortal(cp.Addr()), "IQN": tg.IQN,
 			"CHAP_USER": tg.User, "CHAP_SECRET": tg.Secret, "BAD_SECRET": tg.Secret + "-wrong",
 			"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
 		},
@@ -45,6 +58,7 @@ func TestGuestLogin(t *testing.T) {
 		t.Errorf("guest saw %q, want %q", got, want)
 	}
 	t.Logf("target %s (%s): guest boot to power-off %v", tg.Kind, tg.Portal, res.Elapsed.Round(100*time.Millisecond))
+	checkCapture(t, cp, tg)
 	if tg.Backing == "" {
 		return
 	}
@@ -192,6 +206,73 @@ func multipathCut(t *testing.T, guest string, cut func(p *faultproxy.Proxy, on b
 			t.Errorf("backing file slot %d (at %d MiB) is not the pattern", k, 4*k)
 		}
 	}
+}
+
+// checkCapture splits the captured connections into PDUs with
+// internal/iscsi/pdu and checks that the exchanges the guest reported are
+// there as the RFC has them: a discovery session with SendTargets=All, a
+// login refused with status 0201 (authentication failure), a CHAP login
+// naming the account, SCSI commands, a logout. VMSAN_ISCSI_CAPTURE=FILE
+// also writes them in the format of internal/iscsi/pdu/testdata (golden
+// vectors from open-iscsi).
+func checkCapture(t *testing.T, cp *capProxy, tg *target) {
+	t.Helper()
+	cp.Close()
+	pdus, err := cp.PDUs()
+	if err != nil {
+		t.Fatalf("internal/iscsi/pdu cannot read the captured traffic: %v", err)
+	}
+	if len(pdus) == 0 {
+		t.Fatal("nothing captured")
+	}
+	count := map[pdu.Opcode]int{}
+	var sendTargets, chapName, refused bool
+	for _, p := range pdus {
+		count[p.Frame.Header.Opcode()]++
+		switch h := p.Frame.Header.(type) {
+		case *pdu.TextRequest:
+			sendTargets = sendTargets || bytes.Contains(p.Frame.Data, []byte("SendTargets=All\x00"))
+		case *pdu.LoginRequest:
+			chapName = chapName || bytes.Contains(p.Frame.Data, []byte("CHAP_N="+tg.User+"\x00"))
+		case *pdu.LoginResponse:
+			refused = refused || h.Status == pdu.LoginAuthenticationFailure
+		}
+	}
+	var summary []string
+	for op, n := range count {
+		summary = append(summary, fmt.Sprintf("%v=%d", op, n))
+	}
+	sort.Strings(summary)
+	t.Logf("captured %d PDUs on %d connections: %s", len(pdus), pdus[len(pdus)-1].Conn+1, strings.Join(summary, " "))
+	switch {
+	case !sendTargets:
+		t.Errorf("no Text Request with SendTargets=All in the capture")
+	case !refused:
+		t.Errorf("no Login Response with status 0201 (authentication failure) in the capture")
+	case !chapName:
+		t.Errorf("no Login Request with CHAP_N=%s in the capture", tg.User)
+	case count[pdu.OpSCSICommand] == 0 || count[pdu.OpLogoutReq] == 0 || count[pdu.OpLogoutResp] == 0:
+		t.Errorf("no SCSI Command or Logout Request/Response in the capture")
+	}
+	if path := os.Getenv("VMSAN_ISCSI_CAPTURE"); path != "" {
+		hdr := []string{
+			"Captured by tests/iscsi TestGuestLogin (VMSAN_ISCSI_CAPTURE): open-iscsi " + toolVersion("iscsiadm", "--version") +
+				" in the test guest (kernel iscsi_tcp) against " + tg.Kind,
+			"Guest script: tests/iscsi/testdata/login.sh (discovery, refused CHAP login, CHAP login, sg3-utils, pattern I/O, discard, logout)",
+		}
+		if err := writeCapture(path, hdr, pdus); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("capture written to %s", path)
+	}
+}
+
+func toolVersion(tool string, args ...string) string {
+	out, err := exec.Command(tool, args...).CombinedOutput()
+	if err != nil {
+		return "(unknown version)"
+	}
+	return strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
 }
 
 func readPattern(t *testing.T, guest string) []byte {

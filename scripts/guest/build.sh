@@ -12,15 +12,17 @@
 # of open-iscsi (iscsiadm, iscsid), multipath-tools (multipath, multipathd,
 # mpathpersist, their checker/prioritizer plugins), dmsetup, sg3-utils
 # (sg_inq, sg_vpd, sg_persist, sg_rtpg, ...) and bonnie++, each with the
-# libraries ldd names, and scripts/guest/init-iscsi as /init.
-# GUEST_KERNEL=generic takes Debian's generic kernel (linux-image-6.1.0-N-amd64,
-# a 70 MB download) instead of the cloud one, into <repo>/.cache/guest-generic
-# or guest-iscsi-generic by default: it has CONFIG_SCSI_DH
-# and so scsi_dh_alua, the kernel side of ALUA that Debian hosts run. The default
+# libraries ldd names, and scripts/guest/init-iscsi as /init. The default
 # flavour is untouched by it (a separate output directory and stamp), so the
 # virtio tests keep their small, fast initramfs. The initiator packages must
 # be installed on the build host (they are in the Makefile's APT_PKGS); their
 # daemons are only ever started inside the guest.
+#
+# GUEST_KERNEL=generic takes Debian's generic kernel (linux-image-6.1.0-N-amd64,
+# a 70 MB download, several times slower to boot under TCG) instead of the
+# cloud one, into <repo>/.cache/guest-generic or guest-iscsi-generic by
+# default: it has CONFIG_SCSI_DH and so scsi_dh_alua, the kernel side of
+# ALUA that Debian hosts run.
 #
 # Outputs in OUTDIR:
 #   vmlinuz        the kernel (Debian linux-image-6.1.0-N-cloud-amd64, newest available)

@@ -138,15 +138,24 @@ func multipathCut(t *testing.T, guest, kind string, cut func(p *faultproxy.Proxy
 		cutAt, restoredAt   time.Time
 		failedLine, ioAfter string
 	)
+	env := map[string]string{
+		"PORTAL": guestPortal(paths[0].Addr()), "PORTAL2": guestPortal(paths[1].Addr()), "IQN": tg.IQN,
+		"CHAP_USER": tg.User, "CHAP_SECRET": tg.Secret,
+		"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
+		"SLOTS": strconv.Itoa(slots), "WAIT": "60",
+	}
+	// The initiator's failover timers (init-iscsi's defaults: 5, 2, 2, 5 s)
+	// can be overridden to measure their effect on the stall
+	// (VMSAN_GUEST_MP_FAST_IO_FAIL_TMO=2 etc.).
+	for _, k := range []string{"REPLACEMENT_TIMEOUT", "NOOP_INTERVAL", "NOOP_TIMEOUT", "MP_FAST_IO_FAIL_TMO"} {
+		if v := os.Getenv("VMSAN_GUEST_" + k); v != "" {
+			env[k] = v
+		}
+	}
 	res := bootGuest(t, guest, guestRun{
 		Script:  "multipath.sh",
 		Timeout: 4 * time.Minute,
-		Env: map[string]string{
-			"PORTAL": guestPortal(paths[0].Addr()), "PORTAL2": guestPortal(paths[1].Addr()), "IQN": tg.IQN,
-			"CHAP_USER": tg.User, "CHAP_SECRET": tg.Secret,
-			"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
-			"SLOTS": strconv.Itoa(slots), "WAIT": "60",
-		},
+		Env:     env,
 		OnLine: func(l string) {
 			mu.Lock()
 			defer mu.Unlock()

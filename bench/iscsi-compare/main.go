@@ -43,7 +43,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,6 +50,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vmsan/vmsan/bench/internal/hostinfo"
 	"github.com/vmsan/vmsan/internal/iscsi/initiator"
 	"github.com/vmsan/vmsan/internal/iscsi/tgtd"
 	"github.com/vmsan/vmsan/tests/interop/servers"
@@ -170,7 +170,7 @@ func run() error {
 		printTable(os.Stdout, rep)
 		return nil
 	}
-	size, err := parseSize(*sizeStr)
+	size, err := hostinfo.ParseSize(*sizeStr)
 	if err != nil {
 		return err
 	}
@@ -229,7 +229,7 @@ func run() error {
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
 		return err
 	}
-	if fs := fsType(*dir); fs == "tmpfs" {
+	if fs := hostinfo.FSType(*dir); fs == "tmpfs" {
 		return fmt.Errorf("%s is on tmpfs; use -dir on a disk filesystem", *dir)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -242,7 +242,7 @@ func run() error {
 	cfg.bin, cfg.benchBin = *vmsanBin, *benchBin
 	if cfg.bin == "" || cfg.benchBin == "" && *vmsanBin == "" {
 		built := filepath.Join(*dir, "vmsan")
-		logf("building vmsan into %s", built)
+		hostinfo.Logf("building vmsan into %s", built)
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", built, "./cmd/vmsan")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -261,7 +261,7 @@ func run() error {
 	help, _ := exec.Command(cfg.bin, "serve", "--help").CombinedOutput()
 	cfg.vmsanISCSI = bytes.Contains(help, []byte("--iscsi-listen"))
 	if !cfg.vmsanISCSI {
-		logf("vmsan serve has no --iscsi-listen yet: vmsan (iSCSI) columns will read n/a")
+		hostinfo.Logf("vmsan serve has no --iscsi-listen yet: vmsan (iSCSI) columns will read n/a")
 	}
 	dataDir := filepath.Join(*dir, "data")
 	if cfg.file, err = prepareFile(ctx, cfg.bin, dataDir, "bench", size); err != nil {
@@ -269,7 +269,7 @@ func run() error {
 	}
 
 	rep := Report{
-		Started: time.Now().UTC(), Machine: machine(*dir), File: cfg.file, Size: size, Runtime: runtimeF.String(),
+		Started: time.Now().UTC(), Machine: hostinfo.Machine(*dir, "qemu-img", "tgtd"), File: cfg.file, Size: size, Runtime: runtimeF.String(),
 		Jobs: jobs, Servers: kinds, Repeat: *repeat, TgtParams: tp, Commands: map[string]string{},
 	}
 	for _, j := range jobs {
@@ -278,7 +278,7 @@ func run() error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				logf("%-30s %-10s #%d ...", j.Name, k, r+1)
+				hostinfo.Logf("%-30s %-10s #%d ...", j.Name, k, r+1)
 				res, cmdline := measure(ctx, cfg, k, j, dataDir)
 				res.Rep = r
 				if cmdline != "" {
@@ -286,11 +286,11 @@ func run() error {
 				}
 				switch {
 				case res.NA != "":
-					logf("%-30s %-10s n/a: %s", j.Name, k, res.NA)
+					hostinfo.Logf("%-30s %-10s n/a: %s", j.Name, k, res.NA)
 				case res.Error != "":
-					logf("%-30s %-10s FAILED: %s", j.Name, k, firstLine(res.Error))
+					hostinfo.Logf("%-30s %-10s FAILED: %s", j.Name, k, hostinfo.FirstLine(res.Error))
 				default:
-					logf("%-30s %-10s %9.1f MB/s %9.0f IOPS  server CPU %.1f us/op", j.Name, k, res.MBps, res.IOPS, res.ServerCPUus)
+					hostinfo.Logf("%-30s %-10s %9.1f MB/s %9.0f IOPS  server CPU %.1f us/op", j.Name, k, res.MBps, res.IOPS, res.ServerCPUus)
 				}
 				rep.Results = append(rep.Results, res)
 			}
@@ -435,26 +435,26 @@ func measure(ctx context.Context, cfg *config, k string, j Job, dataDir string) 
 			return res, s.cmdline
 		}
 		n := max(n0, int64(float64(n0)/s0*cfg.rt.Seconds()))
-		cpu0 := treeCPU(s.pid)
+		cpu0 := hostinfo.TreeCPU(s.pid)
 		ops, secs, err = qemuImgBench(ctx, uri, j, n)
-		cpu = treeCPU(s.pid) - cpu0
+		cpu = hostinfo.TreeCPU(s.pid) - cpu0
 		if err != nil {
 			res.Error = err.Error()
 			return res, s.cmdline
 		}
 	case "iscsi-perf":
-		cpu0 := treeCPU(s.pid)
+		cpu0 := hostinfo.TreeCPU(s.pid)
 		ops, secs, err = iscsiPerf(ctx, uri, j, cfg.rt)
-		cpu = treeCPU(s.pid) - cpu0
+		cpu = hostinfo.TreeCPU(s.pid) - cpu0
 		if err != nil {
 			res.Error = err.Error()
 			return res, s.cmdline
 		}
 	case "vmsan-bench":
-		cpu0 := treeCPU(s.pid)
+		cpu0 := hostinfo.TreeCPU(s.pid)
 		var total int64
 		ops, secs, total, err = vmsanBench(ctx, cfg, uri, j)
-		cpu = treeCPU(s.pid) - cpu0
+		cpu = hostinfo.TreeCPU(s.pid) - cpu0
 		if err != nil {
 			res.Error = err.Error()
 			return res, s.cmdline
@@ -659,7 +659,7 @@ func printTable(w io.Writer, rep Report) {
 		}
 		return fmt.Sprintf("%.2fx\t", va/vb)
 	}
-	fmt.Fprintf(w, "iscsi-compare: %s file, %s per job and server, median of %d, page-cache writeback on every server\n", human(rep.Size), rep.Runtime, rep.Repeat)
+	fmt.Fprintf(w, "iscsi-compare: %s file, %s per job and server, median of %d, page-cache writeback on every server\n", hostinfo.Human(rep.Size), rep.Runtime, rep.Repeat)
 	fmt.Fprintf(w, "machine: %s\n\n", rep.Machine["summary"])
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	hdr := "job\tunit\t"
@@ -719,70 +719,13 @@ func printTable(w io.Writer, rep Report) {
 	}
 	for _, r := range rep.Medians {
 		if r.Error != "" {
-			fmt.Fprintf(w, "error: %s / %s: %s\n", r.Job, r.Server, firstLine(r.Error))
+			fmt.Fprintf(w, "error: %s / %s: %s\n", r.Job, r.Server, hostinfo.FirstLine(r.Error))
 		}
 	}
 }
 
 // The helpers below follow bench/nbd-compare's (a main package cannot be
 // imported).
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat times.
-const clockTicks = 100
-
-// treeCPU returns the CPU time (utime+stime+cutime+cstime) of pid and its
-// living descendants.
-func treeCPU(pid int) time.Duration {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0
-	}
-	type st struct {
-		ppid  int
-		ticks int64
-	}
-	procs := map[int]st{}
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 15 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		var t int64
-		for _, x := range f[11:15] {
-			v, _ := strconv.ParseInt(x, 10, 64)
-			t += v
-		}
-		procs[p] = st{ppid, t}
-	}
-	var total int64
-	var walk func(int, int)
-	walk = func(p, depth int) {
-		if depth > 16 {
-			return
-		}
-		total += procs[p].ticks
-		for c, x := range procs {
-			if x.ppid == p {
-				walk(c, depth+1)
-			}
-		}
-	}
-	walk(pid, 0)
-	return time.Duration(total) * time.Second / clockTicks
-}
 
 // prepareFile creates vmsan volume name in dataDir and fills it with
 // random data once, then reads it so the page cache is warm.
@@ -815,7 +758,7 @@ func prepareFile(ctx context.Context, bin, dataDir, name string, size int64) (st
 	}
 	marker := filepath.Join(filepath.Dir(dataDir), "filled-"+name)
 	if _, err := os.Stat(marker); err != nil {
-		logf("filling %s (%d MiB) with random data", file, size>>20)
+		hostinfo.Logf("filling %s (%d MiB) with random data", file, size>>20)
 		buf := make([]byte, 4<<20)
 		if _, err := rand.Read(buf); err != nil {
 			return "", err
@@ -834,63 +777,11 @@ func prepareFile(ctx context.Context, bin, dataDir, name string, size int64) (st
 			return "", err
 		}
 	}
-	logf("warming the page cache with %s", file)
+	hostinfo.Logf("warming the page cache with %s", file)
 	if _, err := io.Copy(io.Discard, io.NewSectionReader(f, 0, size)); err != nil {
 		return "", err
 	}
 	return file, nil
-}
-
-func machine(dir string) map[string]string {
-	m := map[string]string{"cpus": fmt.Sprint(runtime.NumCPU()), "fs": fsType(dir), "goarch": runtime.GOARCH}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				m["cpu"] = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m["kernel"] = strings.TrimSpace(string(b))
-	}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if l := strings.SplitN(string(b), "\n", 2)[0]; l != "" {
-			m["mem"] = strings.Join(strings.Fields(l)[1:], " ")
-		}
-	}
-	if out, err := exec.Command("qemu-img", "--version").Output(); err == nil {
-		m["qemu-img"] = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	}
-	if out, err := exec.Command("tgtd", "--version").CombinedOutput(); err == nil {
-		m["tgtd"] = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		m["loadavg_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
-	m["summary"] = fmt.Sprintf("%s CPUs (%s), %s RAM, kernel %s, %s filesystem, load average at start %s",
-		m["cpus"], m["cpu"], m["mem"], m["kernel"], m["fs"], m["loadavg_start"])
-	return m
-}
-
-func fsType(dir string) string {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return "unknown"
-	}
-	switch st.Type {
-	case 0x01021994:
-		return "tmpfs"
-	case 0xEF53:
-		return "ext4"
-	case 0x58465342:
-		return "xfs"
-	case 0x9123683E:
-		return "btrfs"
-	case 0x794c7630:
-		return "overlayfs"
-	}
-	return fmt.Sprintf("0x%x", st.Type)
 }
 
 func repoRoot() (string, error) {
@@ -903,34 +794,4 @@ func repoRoot() (string, error) {
 		return "", errors.New("run iscsi-compare from inside the vmsan repository")
 	}
 	return filepath.Dir(mod), nil
-}
-
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(strings.ToUpper(s))
-	mult := int64(1)
-	for suf, m := range map[string]int64{"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40} {
-		if strings.HasSuffix(s, suf) {
-			mult = m
-			s = strings.TrimSuffix(s, suf)
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return n * mult, nil
-}
-
-func human(n int64) string {
-	if n%(1<<30) == 0 {
-		return fmt.Sprintf("%d GiB", n>>30)
-	}
-	return fmt.Sprintf("%d MiB", n>>20)
-}
-
-func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
 }

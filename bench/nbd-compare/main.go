@@ -34,13 +34,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/vmsan/vmsan/bench/internal/hostinfo"
 	"github.com/vmsan/vmsan/tests/interop/servers"
 )
 
@@ -132,7 +132,7 @@ func run() error {
 		return nil
 	}
 
-	size, err := parseSize(*sizeStr)
+	size, err := hostinfo.ParseSize(*sizeStr)
 	if err != nil {
 		return err
 	}
@@ -187,7 +187,7 @@ func run() error {
 	if err := os.MkdirAll(*dir, 0o755); err != nil {
 		return err
 	}
-	if fs := fsType(*dir); fs == "tmpfs" {
+	if fs := hostinfo.FSType(*dir); fs == "tmpfs" {
 		return fmt.Errorf("%s is on tmpfs; use -dir on a disk filesystem", *dir)
 	}
 	if *logDir == "" {
@@ -209,7 +209,7 @@ func run() error {
 		bin = "" // the anchors serve a plain file then
 	} else if bin == "" {
 		bin = filepath.Join(*dir, "vmsan")
-		logf("building vmsan into %s", bin)
+		hostinfo.Logf("building vmsan into %s", bin)
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/vmsan")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -225,7 +225,7 @@ func run() error {
 	}
 
 	report := Report{
-		Started: time.Now().UTC(), Machine: machine(*dir), File: file, Size: size,
+		Started: time.Now().UTC(), Machine: hostinfo.Machine(*dir, "fio", "nbdkit", "qemu-nbd"), File: file, Size: size,
 		Runtime: runtimeF.String(), Jobs: jobs, Commands: map[string]string{}, Repeat: *repeat,
 	}
 	for _, k := range kinds {
@@ -242,7 +242,7 @@ func run() error {
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				logf("%-20s %-10s #%d ...", j.Name, k, rep+1)
+				hostinfo.Logf("%-20s %-10s #%d ...", j.Name, k, rep+1)
 				r, cmdline := measure(ctx, k, j, servers.Options{
 					File: file, Export: "bench", Binary: bin, DataDir: dataDir,
 					LogDir: *logDir, ExtraArgs: vmsanOnly(k, extraArgs),
@@ -251,9 +251,9 @@ func run() error {
 					report.Commands[string(k)] = cmdline
 				}
 				if r.Error != "" {
-					logf("%-20s %-10s FAILED: %s", j.Name, k, firstLine(r.Error))
+					hostinfo.Logf("%-20s %-10s FAILED: %s", j.Name, k, hostinfo.FirstLine(r.Error))
 				} else {
-					logf("%-20s %-10s %9.1f MB/s %9.0f IOPS  lat mean %7.1f us p99 %7.1f us", j.Name, k, r.MBps, r.IOPS, r.LatMeanUs, r.LatP99Us)
+					hostinfo.Logf("%-20s %-10s %9.1f MB/s %9.0f IOPS  lat mean %7.1f us p99 %7.1f us", j.Name, k, r.MBps, r.IOPS, r.LatMeanUs, r.LatP99Us)
 				}
 				r.Rep = rep
 				report.Results = append(report.Results, r)
@@ -291,7 +291,7 @@ func measure(ctx context.Context, k servers.Kind, j Job, o servers.Options, rt, 
 	cmdline := serverCmdline(s)
 	defer func() {
 		if err := s.Stop(); err != nil {
-			logf("stopping %s: %v", k, err)
+			hostinfo.Logf("stopping %s: %v", k, err)
 		}
 	}()
 	args := []string{
@@ -302,7 +302,7 @@ func measure(ctx context.Context, k servers.Kind, j Job, o servers.Options, rt, 
 		fmt.Sprintf("--ramp_time=%dms", ramp.Milliseconds()),
 		"--randrepeat=0", "--norandommap", "--output-format=json",
 	}
-	cpu0 := treeCPU(s.PID())
+	cpu0 := hostinfo.TreeCPU(s.PID())
 	fctx, fcancel := context.WithTimeout(ctx, rt+ramp+60*time.Second)
 	defer fcancel()
 	cmd := exec.CommandContext(fctx, "fio", args...)
@@ -312,7 +312,7 @@ func measure(ctx context.Context, k servers.Kind, j Job, o servers.Options, rt, 
 	// Give a forking server (nbd-server) a moment to reap its per-client
 	// child so the child's CPU time shows up in the parent's cutime.
 	time.Sleep(100 * time.Millisecond)
-	cpu := treeCPU(s.PID()) - cpu0
+	cpu := hostinfo.TreeCPU(s.PID()) - cpu0
 	if runErr != nil {
 		res.Error = fmt.Sprintf("fio: %v: %s", runErr, strings.TrimSpace(se.String()))
 		return res, cmdline
@@ -362,65 +362,6 @@ type fioStat struct {
 	Clat struct {
 		Percentile map[string]float64 `json:"percentile"`
 	} `json:"clat_ns"`
-}
-
-// clockTicks is USER_HZ, the unit of /proc/PID/stat times (100 on Linux).
-const clockTicks = 100
-
-// treeCPU returns the CPU time (utime+stime+cutime+cstime) of pid and all its
-// living descendants.
-func treeCPU(pid int) time.Duration {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0
-	}
-	type st struct {
-		ppid  int
-		ticks int64
-	}
-	procs := map[int]st{}
-	for _, e := range ents {
-		var p int
-		if _, err := fmt.Sscan(e.Name(), &p); err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// Fields after "(comm)": state ppid ... utime(14) stime(15) cutime(16) cstime(17).
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 15 {
-			continue
-		}
-		var ppid int
-		var u, sy, cu, cs int64
-		fmt.Sscan(f[1], &ppid)
-		fmt.Sscan(f[11], &u)
-		fmt.Sscan(f[12], &sy)
-		fmt.Sscan(f[13], &cu)
-		fmt.Sscan(f[14], &cs)
-		procs[p] = st{ppid, u + sy + cu + cs}
-	}
-	var total int64
-	var walk func(int, int)
-	walk = func(p, depth int) {
-		if depth > 16 {
-			return
-		}
-		total += procs[p].ticks
-		for c, x := range procs {
-			if x.ppid == p {
-				walk(c, depth+1)
-			}
-		}
-	}
-	walk(pid, 0)
-	return time.Duration(total) * time.Second / clockTicks
 }
 
 func serverCmdline(s *servers.Server) string {
@@ -487,7 +428,7 @@ func prepareFile(ctx context.Context, bin, dataDir, name string, size int64) (st
 	// Fill once: a marker next to the data dir records that it is full.
 	marker := filepath.Join(filepath.Dir(dataDir), "filled-"+name)
 	if _, err := os.Stat(marker); err != nil {
-		logf("filling %s (%d MiB) with random data", file, size>>20)
+		hostinfo.Logf("filling %s (%d MiB) with random data", file, size>>20)
 		buf := make([]byte, 4<<20)
 		if _, err := rand.Read(buf); err != nil {
 			return "", err
@@ -510,7 +451,7 @@ func prepareFile(ctx context.Context, bin, dataDir, name string, size int64) (st
 			return "", err
 		}
 	}
-	logf("warming the page cache with %s", file)
+	hostinfo.Logf("warming the page cache with %s", file)
 	if _, err := io.Copy(io.Discard, io.NewSectionReader(f, 0, size)); err != nil {
 		return "", err
 	}
@@ -558,7 +499,7 @@ func printTable(w io.Writer, rep Report) {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "nbd-compare: %s file, %s per job, median of %d, fio --ioengine=nbd, page-cache writeback on every server\n", human(rep.Size), rep.Runtime, rep.Repeat)
+	fmt.Fprintf(w, "nbd-compare: %s file, %s per job, median of %d, fio --ioengine=nbd, page-cache writeback on every server\n", hostinfo.Human(rep.Size), rep.Runtime, rep.Repeat)
 	fmt.Fprintf(w, "machine: %s\n\n", rep.Machine["summary"])
 	hdr := "job\tunit\t"
 	for _, s := range rep.Servers {
@@ -635,61 +576,6 @@ func printTable(w io.Writer, rep Report) {
 	}
 }
 
-func machine(dir string) map[string]string {
-	m := map[string]string{
-		"cpus":   fmt.Sprint(runtime.NumCPU()),
-		"fs":     fsType(dir),
-		"goarch": runtime.GOARCH,
-	}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				m["cpu"] = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		m["kernel"] = strings.TrimSpace(string(b))
-	}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		if l := strings.SplitN(string(b), "\n", 2)[0]; l != "" {
-			m["mem"] = strings.Join(strings.Fields(l)[1:], " ")
-		}
-	}
-	for _, t := range []string{"fio", "nbdkit", "qemu-nbd"} {
-		if out, err := exec.Command(t, "--version").Output(); err == nil {
-			m[t] = strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0])
-		}
-	}
-	// The load at the start says how much else competed for the CPUs: the
-	// figures are only comparable with each other within one run.
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		m["loadavg_start"] = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
-	m["summary"] = fmt.Sprintf("%s CPUs (%s), %s RAM, kernel %s, %s filesystem, load average at start %s",
-		m["cpus"], m["cpu"], m["mem"], m["kernel"], m["fs"], m["loadavg_start"])
-	return m
-}
-
-func fsType(dir string) string {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return "unknown"
-	}
-	switch st.Type {
-	case 0x01021994:
-		return "tmpfs"
-	case 0xEF53:
-		return "ext4"
-	case 0x58465342:
-		return "xfs"
-	case 0x9123683E:
-		return "btrfs"
-	}
-	return fmt.Sprintf("0x%x", st.Type)
-}
-
 func repoRoot() (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
@@ -700,34 +586,4 @@ func repoRoot() (string, error) {
 		return "", errors.New("run nbd-compare from inside the vmsan repository")
 	}
 	return filepath.Dir(mod), nil
-}
-
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(strings.ToUpper(s))
-	mult := int64(1)
-	for suf, m := range map[string]int64{"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40} {
-		if strings.HasSuffix(s, suf) {
-			mult = m
-			s = strings.TrimSuffix(s, suf)
-			break
-		}
-	}
-	var n int64
-	if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return n * mult, nil
-}
-
-func human(n int64) string {
-	if n%(1<<30) == 0 {
-		return fmt.Sprintf("%d GiB", n>>30)
-	}
-	return fmt.Sprintf("%d MiB", n>>20)
-}
-
-func firstLine(s string) string { return strings.SplitN(s, "\n", 2)[0] }
-
-func logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
 }

@@ -32,6 +32,8 @@ func writeMultipathConf(w io.Writer, o multipathOpts) {
 # after vmsan repl promote) moves it to the newly active group.
 # With no path left, I/O queues for no_path_retry checker intervals
 # (polling_interval, 5 s by default) before failing: time to promote.
+# multipathd writes fast_io_fail_tmo into each iSCSI session's recovery
+# timeout (over open-iscsi's replacement_timeout): it is the failover time.
 devices {
 	device {
 		vendor "%s"
@@ -43,7 +45,7 @@ devices {
 		path_selector "service-time 0"
 		failback immediate
 		no_path_retry %d
-		fast_io_fail_tmo 5
+		fast_io_fail_tmo %d
 		dev_loss_tmo 30
 		rr_min_io_rq 1
 		detect_prio yes
@@ -57,7 +59,7 @@ devices {
 #   node.conn[0].timeo.noop_out_interval = %d
 #   node.conn[0].timeo.noop_out_timeout = %d
 #   node.startup = automatic
-`, scsi.DefaultVendor, scsi.DefaultProduct, o.noPathRetry, o.replacementTimeout, o.noopInterval, o.noopTimeout,
+`, scsi.DefaultVendor, scsi.DefaultProduct, o.noPathRetry, o.replacementTimeout, o.replacementTimeout, o.noopInterval, o.noopTimeout,
 		o.replacementTimeout, o.noopInterval, o.noopTimeout)
 	io.WriteString(w, b.String())
 }
@@ -87,7 +89,7 @@ settings that make a path failover take seconds. See docs/iscsi.md.
 		},
 	}
 	mc.Flags().IntVar(&o.noPathRetry, "no-path-retry", o.noPathRetry, "checker intervals to queue I/O when no path is left (covers a node failover's promote)")
-	mc.Flags().IntVar(&o.replacementTimeout, "replacement-timeout", o.replacementTimeout, "open-iscsi: seconds before a lost session's I/O fails over")
+	mc.Flags().IntVar(&o.replacementTimeout, "replacement-timeout", o.replacementTimeout, "seconds before a lost session's I/O fails over (multipath.conf fast_io_fail_tmo and open-iscsi replacement_timeout)")
 	mc.Flags().IntVar(&o.noopInterval, "noop-interval", o.noopInterval, "open-iscsi: NOP-Out ping interval in seconds")
 	mc.Flags().IntVar(&o.noopTimeout, "noop-timeout", o.noopTimeout, "open-iscsi: NOP-Out timeout in seconds")
 	ic.AddCommand(mc)

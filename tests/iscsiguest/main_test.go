@@ -13,17 +13,22 @@
 // host's loopback at 10.0.2.2, so the target listens on 127.0.0.1 and
 // nothing on the host is logged in to anything.
 //
-// The target under test: VMSAN_ISCSI_TARGET=tgt (the default) starts tgtd
-// (Linux SCSI target framework) on a file, in the foreground, with its own
-// portal and control port. VMSAN_ISCSI_TARGET=external uses a target that
-// is already running: VMSAN_ISCSI_PORTAL (host:port on this host),
-// VMSAN_ISCSI_IQN, VMSAN_ISCSI_USER/VMSAN_ISCSI_SECRET (CHAP, both
-// required), VMSAN_ISCSI_VENDOR/VMSAN_ISCSI_PRODUCT (what its INQUIRY
-// answers; default VMSAN/vmsan), optionally VMSAN_ISCSI_BACKING (the
-// file behind the LU, for the host-side checks) and VMSAN_ISCSI_ALUA=1
-// (the target reports implicit ALUA: the multipath map must then use the
-// "1 alua" hardware handler). vmsan's own target plugs
-// in as a third kind once it exists.
+// The targets under test: each test runs as subtests "tgt" and "vmsan",
+// one per target; VMSAN_ISCSI_TARGET=tgt, vmsan or external runs only
+// that one. tgt starts tgtd (Linux SCSI target framework) on a file, in
+// the foreground, with its own portal and control port. vmsan builds
+// cmd/vmsan and starts `vmsan serve` with one volume and two portals in
+// two portal groups (implicit ALUA, both active/optimized), each path of
+// the multipath test on its own portal. external uses a target that is
+// already running: VMSAN_ISCSI_PORTAL (host:port on this host),
+// optionally VMSAN_ISCSI_PORTAL2 (a second portal for the multipath
+// test's second path; default the first), VMSAN_ISCSI_IQN,
+// VMSAN_ISCSI_USER/VMSAN_ISCSI_SECRET (CHAP, both required),
+// VMSAN_ISCSI_VENDOR/VMSAN_ISCSI_PRODUCT (what its INQUIRY answers;
+// default VMSAN/vmsan), optionally VMSAN_ISCSI_BACKING (the file behind
+// the LU, for the host-side checks) and VMSAN_ISCSI_ALUA=1 (the target
+// reports implicit ALUA: with a guest kernel that has scsi_dh_alua the
+// multipath map must then use the "1 alua" hardware handler).
 //
 // Run it with:
 //

@@ -19,8 +19,11 @@ import (
 
 // target is an iSCSI target on the host as the guest needs to know it.
 type target struct {
-	Kind    string // "tgt" or "external"
-	Portal  string // host:port on this host's loopback
+	Kind   string // "tgt", "vmsan" or "external"
+	Portal string // host:port on this host's loopback
+	// Portal2 is a second portal of the same target for multipath (vmsan:
+	// its own portal group); Portal again where the target has one.
+	Portal2 string
 	IQN     string
 	User    string // CHAP (one-way) account
 	Secret  string
@@ -29,6 +32,19 @@ type target struct {
 	Backing string // the file behind the LU, "" if unknown (external)
 	ALUA    bool   // implicit ALUA, all ports active/optimized (tgt: no)
 	Size    int64
+	// Stop, if set, stops the target gracefully (idempotent) so that the
+	// backing file is complete before the host reads it.
+	Stop func()
+}
+
+// targetKinds are the targets the guest tests run against, each as a
+// subtest: VMSAN_ISCSI_TARGET names one; by default tgt (the reference)
+// and vmsan's own target.
+func targetKinds() []string {
+	if k := os.Getenv("VMSAN_ISCSI_TARGET"); k != "" {
+		return []string{k}
+	}
+	return []string{"tgt", "vmsan"}
 }
 
 // guestPortal is the portal as the guest reaches it: QEMU's user network
@@ -43,11 +59,13 @@ func guestPortal(hostAddr string) string {
 
 // startTarget starts (or names) the target under test; see the package
 // documentation for VMSAN_ISCSI_TARGET.
-func startTarget(t *testing.T, size int64) *target {
+func startTarget(t *testing.T, kind string, size int64) *target {
 	t.Helper()
-	switch kind := os.Getenv("VMSAN_ISCSI_TARGET"); kind {
-	case "", "tgt":
+	switch kind {
+	case "tgt":
 		return startTgt(t, size)
+	case "vmsan":
+		return startVmsan(t, size)
 	case "external":
 		tg := &target{
 			Kind:    "external",
@@ -60,6 +78,7 @@ func startTarget(t *testing.T, size int64) *target {
 			Backing: os.Getenv("VMSAN_ISCSI_BACKING"),
 			ALUA:    os.Getenv("VMSAN_ISCSI_ALUA") == "1",
 		}
+		tg.Portal2 = envOr("VMSAN_ISCSI_PORTAL2", tg.Portal)
 		if tg.Portal == "" || tg.IQN == "" || tg.User == "" || tg.Secret == "" {
 			t.Fatal("VMSAN_ISCSI_TARGET=external needs VMSAN_ISCSI_PORTAL, VMSAN_ISCSI_IQN, VMSAN_ISCSI_USER and VMSAN_ISCSI_SECRET")
 		}
@@ -70,7 +89,7 @@ func startTarget(t *testing.T, size int64) *target {
 		}
 		return tg
 	default:
-		t.Fatalf("VMSAN_ISCSI_TARGET=%q: want tgt or external", kind)
+		t.Fatalf("VMSAN_ISCSI_TARGET=%q: want tgt, vmsan or external", kind)
 		return nil
 	}
 }
@@ -152,6 +171,7 @@ func startTgt(t *testing.T, size int64) *target {
 		ctl, ok := runTgtd(t, port, dir)
 		if ok {
 			tg.Portal = fmt.Sprintf("127.0.0.1:%d", port)
+			tg.Portal2 = tg.Portal
 			adm := func(args ...string) {
 				t.Helper()
 				out, err := exec.Command("tgtadm", append([]string{"-C", ctl, "--lld", "iscsi"}, args...)...).CombinedOutput()

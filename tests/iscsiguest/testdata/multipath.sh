@@ -25,7 +25,7 @@ map=$(mp_map)
 dev=/dev/mapper/$map
 [ -b "$dev" ] || dev=/dev/$(basename "$(readlink -f /sys/block/dm-0)")
 run multipath -ll
-say "MAP $map paths=$(paths_in active) hwhandler=$(sed -n "s/.*hwhandler='\([^']*\)'.*/\1/p" /tmp/run.out | head -1) groups=$(grep -c 'policy=' /tmp/run.out)"
+say "MAP $map paths=$(paths_in active) hwhandler=$(sed -n "s/.*hwhandler='\([^']*\)'.*/\1/p" /tmp/run.out | head -1) groups=$(grep -c 'policy=' /tmp/run.out) dh_alua=$([ -d /sys/module/scsi_dh_alua ] && echo 1 || echo 0)"
 
 # The writer: the 4 MiB pattern into slot k (offset 4k MiB) as 64 KiB
 # O_DIRECT writes, k = 0, 1, ..., SLOTS-1, 0, ... until /tmp/stop exists.

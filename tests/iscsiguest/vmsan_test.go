@@ -1,0 +1,162 @@
+package iscsiguest_test
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/scsi"
+	"github.com/vmsan/vmsan/internal/testutil"
+)
+
+// vmsanBin is cmd/vmsan built once per test binary, only when a test runs
+// against vmsan (VMSAN_ISCSI_TARGET=tgt needs no Go build); TestMain
+// removes it.
+var (
+	vmsanOnce    sync.Once
+	vmsanBin     string
+	vmsanErr     error
+	vmsanCleanup func()
+)
+
+func buildVmsan(t *testing.T) string {
+	t.Helper()
+	vmsanOnce.Do(func() { vmsanBin, vmsanCleanup, vmsanErr = testutil.BuildVmsan() })
+	if vmsanErr != nil {
+		t.Fatalf("building vmsan: %v", vmsanErr)
+	}
+	return vmsanBin
+}
+
+// vmsanNode is the node name of the target the tests start: its IQN is
+// iqn.2026-11.org.vmsan:NODE, the volume "disk" its LUN 0 (mode node).
+const vmsanNode = "guesttest"
+
+// startVmsan runs `vmsan serve` with one volume "disk" of size bytes, two
+// iSCSI portals on 127.0.0.1 in portal groups 1 and 2 (the multipath
+// test's two paths: the same logical unit, one relative port and one
+// implicit-ALUA group each, both active/optimized), the CHAP account of
+// startTgt for sessions (discovery open, as with tgt: the guest's
+// iscsiadm, given discovery CHAP settings with -o nonpersistent, logs in
+// to discovery without CHAP, which a vmsan with discovery_auth refuses),
+// and a 2 s NOP-In ping. The
+// ports come from pickPort's range; a lost race for one (vmsan exits at
+// the failed bind) is retried with others. It is stopped (SIGINT, the
+// graceful drain) in Cleanup or by target.Stop.
+func startVmsan(t *testing.T, size int64) *target {
+	t.Helper()
+	bin := buildVmsan(t)
+	dir := testutil.DiskTempDir(t)
+	tg := &target{
+		Kind: "vmsan", IQN: "iqn.2026-11.org.vmsan:" + vmsanNode, User: "guest", Secret: "vmsan-chap-secret",
+		Vendor: scsi.DefaultVendor, Product: scsi.DefaultProduct, ALUA: true, Size: size,
+		Backing: filepath.Join(dir, "data", "volumes", "disk.raw"),
+	}
+	for attempt := 0; ; attempt++ {
+		nbd, p1, p2 := pickPort(), pickPort(), pickPort()
+		if nbd == 0 || p1 == 0 || p2 == 0 {
+			t.Fatal("no free ports in 27000-27999 for vmsan")
+		}
+		tg.Portal, tg.Portal2 = fmt.Sprintf("127.0.0.1:%d", p1), fmt.Sprintf("127.0.0.1:%d", p2)
+		cfg := fmt.Sprintf(`data_dir: %s
+listen: ["127.0.0.1:%d"]
+no_default_volume: true
+volumes:
+  - {name: disk, size: %d}
+iscsi:
+    listen: [{addr: %q, tpgt: 1}, {addr: %q, tpgt: 2}]
+    node_name: %s
+    auth: {user: %s, secret: %q}
+    nop_interval: 2s
+`, filepath.Join(dir, "data"), nbd, size, tg.Portal, tg.Portal2, vmsanNode, tg.User, tg.Secret)
+		if stop, ok := runVmsan(t, bin, dir, cfg, tg.Portal, tg.Portal2); ok {
+			tg.Stop = stop
+			return tg
+		}
+		if attempt == 2 {
+			t.Fatal("vmsan could not bind its ports in 3 attempts")
+		}
+	}
+}
+
+// runVmsan writes cfg, starts vmsan serve and waits until both portals
+// accept connections. false: vmsan exited before that (its log is in the
+// test log).
+func runVmsan(t *testing.T, bin, dir, cfg string, portals ...string) (stop func(), ok bool) {
+	t.Helper()
+	cf := filepath.Join(dir, "vmsan.yaml")
+	if err := os.WriteFile(cf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "vmsan.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "serve", "--config", cf)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(exited) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cmd.Process.Signal(os.Interrupt)
+			select {
+			case <-exited:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				<-exited
+				t.Errorf("vmsan did not stop on SIGINT within 30 s")
+			}
+		})
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, addr := range portals {
+		for !dialable(addr) {
+			select {
+			case <-exited:
+				log, _ := os.ReadFile(logPath)
+				t.Logf("vmsan exited before it listened on %s: %s", addr, tail(string(log), 20))
+				return nil, false
+			case <-time.After(50 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				stop()
+				log, _ := os.ReadFile(logPath)
+				t.Fatalf("vmsan did not listen on %s in 30 s:\n%s", addr, tail(string(log), 40))
+			}
+		}
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			log, _ := os.ReadFile(logPath)
+			t.Logf("vmsan log:\n%s", tail(string(log), 60))
+		}
+	})
+	return stop, true
+}
+
+func dialable(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// scsiDHALUA reports whether the guest's MAP line says the kernel has
+// scsi_dh_alua (the generic kernel; the cloud kernel has no CONFIG_SCSI_DH).
+func scsiDHALUA(mapLine string) bool { return strings.Contains(mapLine, " dh_alua=1") }

@@ -87,10 +87,12 @@ func (p *proc) logTail() string {
 	return string(b)
 }
 
-func (p *proc) stop() {
+// stop sends SIGINT and waits for the drain, killing after 30 s; it
+// reports whether it had to kill. Idempotent.
+func (p *proc) stop() (killed bool) {
 	select {
 	case <-p.done:
-		return
+		return false
 	default:
 	}
 	p.cmd.Process.Signal(os.Interrupt)
@@ -99,8 +101,10 @@ func (p *proc) stop() {
 	case <-time.After(30 * time.Second):
 		p.cmd.Process.Kill()
 		<-p.done
+		killed = true
 	}
 	p.log.Close()
+	return killed
 }
 
 func (p *proc) kill9() {

@@ -13,7 +13,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,12 +46,9 @@ const nodeIQN = "iqn.2026-11.org.vmsan:test"
 const volSize = 64 << 20
 
 type vmsan struct {
-	addr string // iSCSI portal
-	dir  string
-	raw  string // the volume's raw file
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{}
+	*proc        // the process, its log and data directory
+	addr  string // iSCSI portal
+	raw   string // the volume's raw file
 }
 
 // startVmsan serves one 64 MiB volume "disk" over iSCSI with the given
@@ -85,65 +81,19 @@ volumes:
     node_name: test
     nop_interval: 2s
 %s`, filepath.Join(dir, "data"), nbdPort, volSize, volumesYAML, addr, iscsiYAML)
-	cf := filepath.Join(dir, "vmsan.yaml")
-	if err := os.WriteFile(cf, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(dir, "vmsan.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := &vmsan{addr: addr, dir: dir, raw: filepath.Join(dir, "data", "volumes", "disk.raw"), log: logf, done: make(chan struct{})}
-	v.cmd = exec.Command(vmsanBin, "serve", "--config", cf)
-	v.cmd.Stdout, v.cmd.Stderr = logf, logf
-	if err := v.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { v.cmd.Wait(); close(v.done) }()
+	v := &vmsan{proc: startProc(t, dir, cfg, addr), addr: addr, raw: filepath.Join(dir, "data", "volumes", "disk.raw")}
+	// Registered after startProc's cleanup, so it runs first and reports
+	// a daemon that does not drain.
 	t.Cleanup(func() { v.stop(t) })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return v
-		}
-		select {
-		case <-v.done:
-			t.Fatalf("vmsan serve exited:\n%s", v.logTail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("vmsan did not listen on %s:\n%s", addr, v.logTail())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return v
 }
 
-func (v *vmsan) logTail() string {
-	b, _ := os.ReadFile(v.log.Name())
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
-
-// stop sends SIGTERM and waits for the graceful drain.
+// stop sends SIGINT and waits for the graceful drain; a daemon that needs
+// SIGKILL after 30 s is an error.
 func (v *vmsan) stop(t *testing.T) {
-	select {
-	case <-v.done:
-		return
-	default:
-	}
-	v.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-v.done:
-	case <-time.After(30 * time.Second):
-		v.cmd.Process.Kill()
-		<-v.done
+	if v.proc.stop() {
 		t.Errorf("vmsan did not stop on SIGINT within 30s:\n%s", v.logTail())
 	}
-	v.log.Close()
 }
 
 func (v *vmsan) url(cred string, lun int) string {

@@ -119,26 +119,39 @@ func (c *cmd) read() {
 
 func (c *cmd) write() {
 	cdb := c.task.CDB
-	lba, nblk, lf := rwParams(cdb)
-	c.xfer = nblk << c.lu.bsShift
-	if !c.checkWritable() || !c.checkRange(lba, nblk) {
-		return
-	}
-	if nblk > c.maxXferBlocks() {
-		c.fail(invalidCDB(lf, -1))
-		return
-	}
-	// Write only whole blocks the initiator sent (an EDTL smaller than
-	// the CDB's length writes a prefix, with an overflow residual).
-	n := min(c.xfer, uint64(len(c.task.DataOut))) &^ uint64(c.lu.bs-1)
-	if n == 0 {
-		c.finishStatus(StatusGood)
+	lba, n, ok := c.writeSpan()
+	if !ok {
 		return
 	}
 	c.fua = cdb[0]>>5 != 0 && cdb[1]&0x08 != 0
 	c.stage = stWrite
 	c.lockShared()
 	c.submit(ioengine.OpWrite, int64(lba<<c.lu.bsShift), int64(n), c.task.DataOut[:n], true)
+}
+
+// writeSpan checks a data-out write CDB (READ/WRITE family layout: the
+// volume writable, the range inside it, the length within the maximum
+// transfer) and returns its LBA and the bytes to write: only whole blocks
+// the initiator sent (an EDTL smaller than the CDB's length writes a
+// prefix, with an overflow residual). ok is false when the command is
+// already answered (an error, or GOOD for nothing to write).
+func (c *cmd) writeSpan() (lba, n uint64, ok bool) {
+	cdb := c.task.CDB
+	lba, nblk, lf := rwParams(cdb)
+	c.xfer = nblk << c.lu.bsShift
+	if !c.checkWritable() || !c.checkRange(lba, nblk) {
+		return 0, 0, false
+	}
+	if nblk > c.maxXferBlocks() {
+		c.fail(invalidCDB(lf, -1))
+		return 0, 0, false
+	}
+	n = min(c.xfer, uint64(len(c.task.DataOut))) &^ uint64(c.lu.bs-1)
+	if n == 0 {
+		c.finishStatus(StatusGood)
+		return 0, 0, false
+	}
+	return lba, n, true
 }
 
 // lockShared holds the write gate for a write in flight (see lu.writeGate).
@@ -407,18 +420,8 @@ func (c *cmd) compareAndWrite() {
 // the exclusive write gate).
 func (c *cmd) orWrite() {
 	cdb := c.task.CDB
-	lba, nblk, lf := rwParams(cdb)
-	c.xfer = nblk << c.lu.bsShift
-	if !c.checkWritable() || !c.checkRange(lba, nblk) {
-		return
-	}
-	if nblk > c.maxXferBlocks() {
-		c.fail(invalidCDB(lf, -1))
-		return
-	}
-	n := min(c.xfer, uint64(len(c.task.DataOut))) &^ uint64(c.lu.bs-1)
-	if n == 0 {
-		c.finishStatus(StatusGood)
+	lba, n, ok := c.writeSpan()
+	if !ok {
 		return
 	}
 	c.lba, c.nblk = lba, n>>c.lu.bsShift

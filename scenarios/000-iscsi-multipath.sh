@@ -1,20 +1,319 @@
 #!/usr/bin/env bash
-# Scenario 000: a guest disk over two iSCSI portals with dm-multipath,
-# bonnie++ inside the guest for cache=none/writethrough/writeback and
-# read-ahead 256 vs 16384 sectors, one path cut mid-run.
+# Scenario 000: KVM hosts on an iSCSI SAN reached over several NICs with
+# dm-multipath (round-robin, queue_if_no_path), benchmarked with bonnie++,
+# read-ahead 256 vs 16384 sectors, and one path cut mid-run.
 #
-# It needs vmsan's iSCSI target and the multipath work, which have not
-# landed. Until they have, this script says so and exits 0. Once
-# `vmsan serve` has an --iscsi-listen flag, a skip would hide a missing
-# scenario, so the script then fails with "not implemented yet" until the
-# scenario is written here.
+# Targets:
+#   vmsan  `vmsan serve` with one 1 GiB sparse volume per cache mode
+#          (none = O_DIRECT, writethrough, writeback), iSCSI mode
+#          per-volume (one target per volume), PATHS portals on 127.0.0.1
+#          in portal groups 1..PATHS, CHAP, a 2 s NOP-In ping
+#   tgt    the reference: tgtd with one LU on a sparse file of the same
+#          size, opened O_DIRECT (bsoflags direct, the counterpart of
+#          cache=none; TGT_MODES="direct buffered" adds a run on tgt's
+#          default buffered backing store), PATHS portals (all in tgt's one
+#          portal group), the same CHAP account
+# Each portal is reached through its own host-side fault proxy
+# (scenarios/pathproxy, built on internal/testutil/faultproxy: the proxy
+# the guest tests cut paths with), so the guest has PATHS paths, like the
+# field case's NICs, and one of them can be cut and restored.
+#
+# The client: the iSCSI test guest (scripts/guest/build.sh --iscsi; QEMU
+# TCG, Linux's initiator, multipath-tools) with
+# scenarios/guest/bonnie-multipath.sh as its test: it logs in through
+# every path, builds one dm-multipath map with the device section that
+# `vmsan iscsi multipath-conf` prints, except the path selector, which is
+# the field case's "round-robin 0" (all paths in one group, I/O spread over
+# them; queue_if_no_path for no_path_retry checker intervals), makes ext4
+# on the map and runs bonnie++ once per read-ahead in RA_LIST (blockdev
+# --setra on the map and every path). One guest boot per target and cache
+# mode.
+#
+# The cut: in the first bonnie++ run of the first vmsan boot and of the
+# first tgt boot, CUT_AFTER seconds after the guest says the run started,
+# path 1 is cut (CUT=blackhole: its traffic silently stalls, a pulled
+# cable; CUT=drop: its connections are closed and new ones refused) for
+# CUT_SECS seconds, then restored. bonnie++ must finish without an error;
+# the guest reports the longest time its map had requests in flight and
+# completed none (its stall), the fewest active paths, and kernel I/O
+# errors on the map (must be none) and on the paths (failed over).
+#
+# QUICK=1: cache=none only, a smaller bonnie++ file.
+#
+# Output (scenarios/out/000/): summary.md (the table), results.csv (the
+# bonnie++ CSV lines, named TARGET-CACHE-raN), results.json, bonnie.txt
+# (bon_csv2txt: bonnie++'s own table), runs.tsv (per run: the guest's
+# stall, paths, errors), paths-TARGET.png and paths.tsv (per-path MB/s
+# around the cut, from the proxies' byte counts), guest consoles and
+# daemon logs.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 
-build_vmsan
-if "$VMSAN" serve --help 2>&1 | grep -q -- '--iscsi-listen'; then
-	echo "000-iscsi-multipath: vmsan serve has --iscsi-listen, but this scenario is not implemented yet" >&2
-	exit 1
+QUICK=${QUICK:-0}
+PATHS=${PATHS:-3}
+RA_LIST=${RA_LIST:-256 16384}
+if [ "$QUICK" = 1 ]; then
+	CACHES=${CACHES:-none}
+	BONNIE_SIZE=${BONNIE_SIZE:-64}
+	BONNIE_RAM=${BONNIE_RAM:-32}
+else
+	CACHES=${CACHES:-none writethrough writeback}
+	BONNIE_SIZE=${BONNIE_SIZE:-256}
+	BONNIE_RAM=${BONNIE_RAM:-128}
 fi
-echo "000-iscsi-multipath: waiting for the iSCSI target and multipath support (no --iscsi-listen in 'vmsan serve --help'); nothing run"
-exit 0
+TGT_MODES=${TGT_MODES:-direct}
+GUEST_MEM=${GUEST_MEM:-256} # MiB: small, so that bonnie++'s file does not fit in the guest's page cache
+VOLSIZE_MB=${VOLSIZE_MB:-1024}
+CUT=${CUT:-blackhole}
+CUT_AFTER=${CUT_AFTER:-3}
+CUT_SECS=${CUT_SECS:-20}
+OUT=$SCEN_OUT/000
+IQN_TGT=iqn.2026-11.org.vmsan.scenario:tgt
+NODE=scen000
+CHAP_USER=guest
+CHAP_SECRET=vmsan-chap-secret
+
+need_root "tgtd and the guest's iSCSI target ports"
+need_tools curl:curl go:golang-go qemu-system-x86_64:qemu-system-x86 cpio:cpio gzip:gzip \
+	tgtd:tgt tgtadm:tgt iscsiadm:open-iscsi multipath:multipath-tools bonnie++:bonnie++ bon_csv2txt:bonnie++
+case "$CUT" in blackhole | drop) ;; *) die "CUT must be blackhole or drop" ;; esac
+mkdir -p "$OUT"
+rm -f "$OUT"/*.txt "$OUT"/*.tsv "$OUT"/*.csv "$OUT"/*.json "$OUT"/*.png "$OUT"/*.log "$OUT"/*.yaml "$OUT/summary.md"
+build_vmsan
+log "building the path proxy and the iSCSI guest"
+(cd "$SCEN_ROOT" && go build -o "$SCEN_OUT/bin/pathproxy" ./scenarios/pathproxy)
+"$SCEN_ROOT/scripts/guest/build.sh" --iscsi >&2
+GUEST=$SCEN_ROOT/.cache/guest-iscsi
+workdir; W=$WORKDIR
+
+# The device section the guest uses: vmsan's own advice, with the field
+# case's round-robin selector in place of service-time.
+"$VMSAN" iscsi multipath-conf | sed 's/path_selector "service-time 0"/path_selector "round-robin 0"/' >"$OUT/multipath-device.conf"
+grep -q 'round-robin 0' "$OUT/multipath-device.conf" || die "vmsan iscsi multipath-conf: no path_selector line to replace"
+
+# --- targets ----------------------------------------------------------------
+
+# vmsan: one volume per cache mode, PATHS portals in PATHS portal groups.
+VM_PORTALS=()
+free_port; nbd=$PORT; free_port; met=$PORT
+{
+	echo "data_dir: $W/vmsan"
+	echo "listen: [127.0.0.1:$nbd]"
+	echo "metrics_listen: 127.0.0.1:$met"
+	echo "no_default_volume: true"
+	echo "volumes:"
+	for c in $CACHES; do echo "  - {name: vm-$c, size: ${VOLSIZE_MB}M, cache: $c}"; done
+	echo "iscsi:"
+	echo "  mode: per-volume"
+	echo "  node_name: $NODE"
+	printf '  listen: ['
+	for i in $(seq 1 "$PATHS"); do
+		free_port; VM_PORTALS+=("127.0.0.1:$PORT")
+		printf '%s{addr: "127.0.0.1:%s", tpgt: %s}' "$([ "$i" = 1 ] || echo ', ')" "$PORT" "$i"
+	done
+	echo ']'
+	echo "  auth: {user: $CHAP_USER, secret: \"$CHAP_SECRET\"}"
+	echo "  nop_interval: 2s"
+} >"$OUT/vmsan.yaml"
+"$VMSAN" serve --config "$OUT/vmsan.yaml" >"$OUT/vmsan.log" 2>&1 &
+_pids+=("$!")
+wait_http "http://127.0.0.1:$met/metrics" 30 || die "vmsan serve did not start (see $OUT/vmsan.log)"
+for p in "${VM_PORTALS[@]}"; do
+	for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/${p%:*}/${p#*:}") 2>/dev/null && break; sleep 0.1; done
+done
+
+# tgt: one target, LU 1 on a sparse file, PATHS portals. Its control
+# socket is named after the first portal's port.
+TGT_PORTALS=()
+for i in $(seq 1 "$PATHS"); do free_port; TGT_PORTALS+=("127.0.0.1:$PORT"); done
+tctl=${TGT_PORTALS[0]#*:}
+truncate -s "${VOLSIZE_MB}M" "$W/tgt-lun1.img"
+tgtd -f -C "$tctl" --iscsi "portal=${TGT_PORTALS[0]}" >"$OUT/tgtd.log" 2>&1 &
+_pids+=("$!")
+# tgtd ignores SIGTERM while it has targets (the cleanup's SIGKILL follows)
+# and leaves its control socket behind.
+trap 'rc=$?; rm -f /var/run/tgtd/socket.$tctl /var/run/tgtd/socket.$tctl.lock; (exit $rc); cleanup_all' EXIT INT TERM
+tadm() { tgtadm -C "$tctl" --lld iscsi "$@" >>"$OUT/tgtd.log" 2>&1 || die "tgtadm $*: see $OUT/tgtd.log"; }
+for _ in $(seq 1 100); do tgtadm -C "$tctl" --lld iscsi --mode target --op show >/dev/null 2>&1 && break; sleep 0.1; done
+grep -q "failed to create/bind\|another tgtd" "$OUT/tgtd.log" && die "tgtd could not bind ${TGT_PORTALS[0]} (see $OUT/tgtd.log)"
+for p in "${TGT_PORTALS[@]:1}"; do tadm --mode portal --op new --param "portal=$p"; done
+tadm --mode target --op new --tid 1 --targetname "$IQN_TGT"
+tadm --mode target --op bind --tid 1 --initiator-address ALL
+tadm --mode account --op new --user "$CHAP_USER" --password "$CHAP_SECRET"
+tadm --mode account --op bind --tid 1 --user "$CHAP_USER"
+# tgt_lun MODE: (re)create LU 1 on the image, O_DIRECT for "direct",
+# answering what vmsan answers so that the same device section applies.
+tgt_lun() {
+	tgtadm -C "$tctl" --lld iscsi --mode logicalunit --op delete --tid 1 --lun 1 >/dev/null 2>&1 || true
+	truncate -s 0 "$W/tgt-lun1.img"
+	truncate -s "${VOLSIZE_MB}M" "$W/tgt-lun1.img"
+	if [ "$1" = direct ]; then
+		tadm --mode logicalunit --op new --tid 1 --lun 1 --backing-store "$W/tgt-lun1.img" --bsoflags direct
+	else
+		tadm --mode logicalunit --op new --tid 1 --lun 1 --backing-store "$W/tgt-lun1.img"
+	fi
+	tadm --mode logicalunit --op update --tid 1 --lun 1 --params vendor_id=VMSAN,product_id=VOLUME,thin_provisioning=1
+}
+
+# Paths: one proxy per portal of each target (vmsan paths v1.., tgt t1..).
+free_port; ctl=127.0.0.1:$PORT
+proxy_args=() VM_GUEST=() TGT_GUEST=()
+for i in $(seq 1 "$PATHS"); do
+	free_port; proxy_args+=("v$i=127.0.0.1:$PORT=${VM_PORTALS[$((i - 1))]}"); VM_GUEST+=("10.0.2.2:$PORT")
+	free_port; proxy_args+=("t$i=127.0.0.1:$PORT=${TGT_PORTALS[$((i - 1))]}"); TGT_GUEST+=("10.0.2.2:$PORT")
+done
+"$SCEN_OUT/bin/pathproxy" -ctl "$ctl" -samples "$OUT/proxy-samples.tsv" "${proxy_args[@]}" >"$OUT/pathproxy.log" 2>&1 &
+_pids+=("$!")
+wait_http "http://$ctl/ready" 10 || die "pathproxy did not start (see $OUT/pathproxy.log)"
+
+# --- guest runs ---------------------------------------------------------------
+
+# boot NAME IQN CUT(0|1) PORTAL...: one guest boot, bonnie++ per read-ahead;
+# with CUT=1 path 1 (the first portal's proxy) is cut during the first run.
+CUTS=()
+boot() {
+	local name=$1 iqn=$2 cut=$3 pname; shift 3
+	pname=$( [ "${name%%-*}" = vmsan ] && echo v1 || echo t1)
+	local gd=$W/guest-$name
+	mkdir -p "$gd"
+	cp "$SCEN_ROOT/scenarios/guest/bonnie-multipath.sh" "$gd/test.sh"
+	cp "$OUT/multipath-device.conf" "$gd/mp-device.conf"
+	cat >"$gd/test.env" <<-EOF
+		PORTALS='$*'
+		IQN='$iqn'
+		CHAP_USER='$CHAP_USER'
+		CHAP_SECRET='$CHAP_SECRET'
+		RA_LIST='$RA_LIST'
+		BONNIE_SIZE='$BONNIE_SIZE'
+		BONNIE_RAM='$BONNIE_RAM'
+		MP_VENDOR='VMSAN'
+		MP_PRODUCT='VOLUME'
+	EOF
+	(cd "$gd" && printf '%s\n' test.sh test.env mp-device.conf | cpio -o -H newc --quiet -R 0:0 | gzip -1) >"$gd/overlay.gz"
+	cat "$GUEST/initramfs.gz" "$gd/overlay.gz" >"$gd/initrd.gz"
+	local console=$OUT/$name-console.txt first=${RA_LIST%% *} cutter=
+	log "$name: guest boot, bonnie++ ${BONNIE_SIZE} MiB per read-ahead in: $RA_LIST$([ "$cut" = 1 ] && echo "; path 1 cut ($CUT) during ra=$first") (load $(loadavg))"
+	echo "$name	$(loadavg)" >>"$OUT/load.tsv"
+	timeout 540 qemu-system-x86_64 -accel tcg -m "$GUEST_MEM" -nographic -no-reboot \
+		-netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile= \
+		-kernel "$GUEST/vmlinuz" -initrd "$gd/initrd.gz" \
+		-append "console=ttyS0 panic=-1 quiet" </dev/null >"$console" 2>&1 &
+	local q=$!
+	_pids+=("$q")
+	while kill -0 "$q" 2>/dev/null; do
+		if [ "$cut" = 1 ] && [ -z "$cutter" ] && grep -q "VMSAN-GUEST: BONNIE-RUNNING ra=$first\b" "$console"; then
+			(
+				sleep "$CUT_AFTER"
+				t0=$(date +%s.%N)
+				log "$name: $(curl -fsS "http://$ctl/cut?path=$pname&how=$CUT")"
+				sleep "$CUT_SECS"
+				log "$name: $(curl -fsS "http://$ctl/restore?path=$pname")"
+				printf '%s\t%s\t%s\t%s\n' "$name" "$pname" "$t0" "$(date +%s.%N)" >>"$OUT/cuts.tsv"
+			) &
+			cutter=$!
+			_pids+=("$cutter")
+		fi
+		sleep 0.5
+	done
+	local rc=0
+	wait "$q" || rc=$?
+	[ -z "$cutter" ] || wait "$cutter" || true
+	grep -q "VMSAN-GUEST: DONE OK" "$console" || die "$name: guest failed (rc $rc; see $console): $(grep -a 'VMSAN-GUEST: FAIL' "$console" | head -1)"
+	local ra
+	for ra in $RA_LIST; do
+		tr -d '\r' <"$console" | awk -v b="VMSAN-BONNIE-$ra-BEGIN" -v e="VMSAN-BONNIE-$ra-END" '$0 ~ e { p=0 } p { print } $0 ~ b { p=1 }' |
+			awk -F, -v OFS=, -v n="$name-ra$ra" 'NF > 20 { $3 = n; print }' >>"$OUT/results.csv"
+		tr -d '\r' <"$console" | sed -n "s/.*VMSAN-GUEST: RUN ra=$ra \(.*\)/$name\t$ra\t$([ "$cut" = 1 ] && [ "$ra" = "$first" ] && echo "$CUT" || echo -)\t\1/p" >>"$OUT/runs.tsv"
+	done
+}
+
+start=$(date +%s)
+first_vm=1
+for c in $CACHES; do
+	boot "vmsan-$c" "iqn.2026-11.org.vmsan:$NODE:vm-$c" "$first_vm" "${VM_GUEST[@]}"
+	first_vm=0
+done
+first_tgt=1
+for m in $TGT_MODES; do
+	tgt_lun "$m"
+	boot "tgt-$m" "$IQN_TGT" "$first_tgt" "${TGT_GUEST[@]}"
+	first_tgt=0
+done
+elapsed=$(($(date +%s) - start))
+
+# --- report -----------------------------------------------------------------
+
+bon_csv2txt <"$OUT/results.csv" >"$OUT/bonnie.txt" 2>/dev/null || true
+
+# kv KEY LINE: the value of KEY=VALUE in a RUN line.
+kv() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
+# The bonnie++ 1.98 CSV fields (0-based): 9/10 per-chr output (skipped, -f),
+# 11/12 block output K/s and %CPU, 13/14 rewrite, 15/16 per-chr input
+# (skipped), 17/18 block input, 19/20 random seeks /s, 38-43 the latencies
+# of those six tests.
+{
+	echo "["
+	sep=
+	while IFS=$'\t' read -r name ra cut rest; do
+		line=$(grep "^[^,]*,[^,]*,$name-ra$ra," "$OUT/results.csv" || true)
+		IFS=, read -r -a f <<<"$line"
+		printf '%s  {"target": "%s", "cache": "%s", "read_ahead_sectors": %s, "path_cut": "%s", "block_out_kps": "%s", "block_out_cpu": "%s", "rewrite_kps": "%s", "rewrite_cpu": "%s", "block_in_kps": "%s", "block_in_cpu": "%s", "seeks_per_s": "%s", "seeks_cpu": "%s", "latency_block_out": "%s", "latency_rewrite": "%s", "latency_block_in": "%s", "latency_seeks": "%s", "stall_s": %s, "min_active_paths": "%s", "dm_errors": %s, "path_errors": %s, "bonnie_rc": %s}' \
+			"$sep" "${name%%-*}" "${name#*-}" "$ra" "$cut" "${f[11]:-}" "${f[12]:-}" "${f[13]:-}" "${f[14]:-}" "${f[17]:-}" "${f[18]:-}" "${f[19]:-}" "${f[20]:-}" \
+			"${f[39]:-}" "${f[40]:-}" "${f[42]:-}" "${f[43]:-}" "$(kv stall "$rest")" "$(kv min_active "$rest")" "$(kv dm_errors "$rest")" "$(kv path_errors "$rest")" "$(kv rc "$rest")"
+		sep=$',\n'
+	done <"$OUT/runs.tsv"
+	printf '\n]\n'
+} >"$OUT/results.json"
+jq . "$OUT/results.json" >/dev/null || die "results.json is not valid JSON"
+
+# Per-path MB/s around each cut (1 s steps, from 10 s before the cut to 20 s
+# after the restore), from the proxies' cumulative byte counts.
+: >"$OUT/paths.tsv"
+if [ -s "$OUT/cuts.tsv" ]; then
+	while IFS=$'\t' read -r name pname t0 t1; do
+		pfx=${pname:0:1}
+		awk -F'\t' -v pfx="$pfx" -v t0="$t0" -v t1="$t1" -v tg="${name%%-*}" '
+			substr($2, 1, 1) == pfx {
+				t = $1 / 1000 - t0
+				if (t < -10 || t > t1 - t0 + 20) next
+				s = int(t + 10) - 10
+				if (!(($2, s) in first)) { first[$2, s] = $3 }
+				last[$2, s] = $3; seen[$2] = 1; if (s > maxs) maxs = s
+			}
+			END {
+				for (p in seen) for (s = -10; s <= maxs; s++) if ((p, s) in first) {
+					# bytes forwarded from the first to the first sample of the next second
+					nb = ((p, s + 1) in first) ? first[p, s + 1] : last[p, s]
+					printf "%s path %s\t%d\t%.2f\n", tg, substr(p, 2), s, (nb - first[p, s]) / 1e6
+				}
+			}' "$OUT/proxy-samples.tsv" | sort -t$'\t' -k1,1 -k2,2n >>"$OUT/paths.tsv"
+		grep "^${name%%-*} " "$OUT/paths.tsv" >"$W/paths-${name%%-*}.tsv" || true
+		[ -s "$W/paths-${name%%-*}.tsv" ] &&
+			(cd "$SCEN_ROOT" && go run ./scenarios/plot -title "000: ${name%%-*}, MB/s per path, path 1 cut ($CUT) at 0 s for ${CUT_SECS} s" \
+				-x "seconds from the cut" -y "MB/s (both directions)" -o "$OUT/paths-${name%%-*}.png" "$W/paths-${name%%-*}.tsv") ||
+			log "plot for $name failed"
+	done <"$OUT/cuts.tsv"
+fi
+
+# fmt_run: the table row of one run.
+{
+	echo "## 000-iscsi-multipath ($(date -u '+%Y-%m-%d %H:%M UTC'), guest runs $elapsed s)"
+	echo
+	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9]*' "$OUT/multipath-device.conf"), $(grep -o 'fast_io_fail_tmo [0-9]*' "$OUT/multipath-device.conf"); NOP-Out 2 s + 2 s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. Path 1 cut ($CUT) $CUT_AFTER s into the marked run for $CUT_SECS s."
+	echo
+	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | guest stall | min active paths | I/O errors (map / paths) |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	jq -r '.[] | "| \(.target) | \(.cache) | \(.read_ahead_sectors) | \(.block_out_kps) | \(.block_out_cpu) | \(.rewrite_kps) | \(.rewrite_cpu) | \(.block_in_kps) | \(.block_in_cpu) | \(.seeks_per_s) | \(.seeks_cpu) | \(.latency_block_out) / \(.latency_rewrite) / \(.latency_block_in) / \(.latency_seeks) | \(.path_cut) | \(.stall_s) s | \(.min_active_paths) | \(.dm_errors) / \(.path_errors) |"' "$OUT/results.json"
+	echo
+	echo "Load average at each boot: $(awk -F'\t' '{ printf "%s%s %s", sep, $1, $2; sep = "; " }' "$OUT/load.tsv")."
+	echo
+	echo "bonnie++'s own table (bon_csv2txt):"
+	echo
+	echo '```'
+	cat "$OUT/bonnie.txt"
+	echo '```'
+} >"$OUT/summary.md"
+cat "$OUT/summary.md"
+errs=$(jq '[.[] | select(.dm_errors != 0 or .bonnie_rc != 0)] | length' "$OUT/results.json")
+[ "$errs" = 0 ] || die "$errs run(s) with I/O errors on the map"
+[ "$(jq length "$OUT/results.json")" -gt 0 ] || die "no results"

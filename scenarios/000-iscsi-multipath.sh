@@ -29,9 +29,9 @@
 # --setra on the map and every path). One guest boot per target and cache
 # mode.
 #
-# The cut: in the first bonnie++ run of the first vmsan boot and of the
-# first tgt boot, CUT_AFTER seconds after the guest says the run started,
-# path 1 is cut (CUT=blackhole: its traffic silently stalls, a pulled
+# The cut: the first vmsan boot and the first tgt boot make one more
+# bonnie++ run (read-ahead CUT_RA, default the first of RA_LIST), and
+# CUT_AFTER seconds after the guest says it started, path 1 is cut (CUT=blackhole: its traffic silently stalls, a pulled
 # cable; CUT=drop: its connections are closed and new ones refused) for
 # CUT_SECS seconds, then restored. bonnie++ must finish without an error;
 # the guest reports the longest time its map had requests in flight and
@@ -58,15 +58,16 @@ if [ "$QUICK" = 1 ]; then
 	BONNIE_RAM=${BONNIE_RAM:-32}
 else
 	CACHES=${CACHES:-none writethrough writeback}
-	BONNIE_SIZE=${BONNIE_SIZE:-256}
-	BONNIE_RAM=${BONNIE_RAM:-128}
+	BONNIE_SIZE=${BONNIE_SIZE:-128}
+	BONNIE_RAM=${BONNIE_RAM:-64}
 fi
 TGT_MODES=${TGT_MODES:-direct}
-GUEST_MEM=${GUEST_MEM:-256} # MiB: small, so that bonnie++'s file does not fit in the guest's page cache
+GUEST_MEM=${GUEST_MEM:-256} # MiB; the guest pins all but BONNIE_RAM (+ a margin) so that bonnie++'s file does not fit in its page cache
 VOLSIZE_MB=${VOLSIZE_MB:-1024}
 CUT=${CUT:-blackhole}
 CUT_AFTER=${CUT_AFTER:-3}
 CUT_SECS=${CUT_SECS:-20}
+CUT_RA=${CUT_RA:-${RA_LIST%% *}}
 OUT=$SCEN_OUT/000
 IQN_TGT=iqn.2026-11.org.vmsan.scenario:tgt
 NODE=scen000
@@ -129,7 +130,8 @@ for i in $(seq 1 "$PATHS"); do free_port; TGT_PORTALS+=("127.0.0.1:$PORT"); done
 tctl=${TGT_PORTALS[0]#*:}
 truncate -s "${VOLSIZE_MB}M" "$W/tgt-lun1.img"
 tgtd -f -C "$tctl" --iscsi "portal=${TGT_PORTALS[0]}" >"$OUT/tgtd.log" 2>&1 &
-_pids+=("$!")
+tgtpid=$!
+_pids+=("$tgtpid")
 # tgtd ignores SIGTERM while it has targets (the cleanup's SIGKILL follows)
 # and leaves its control socket behind.
 trap 'rc=$?; rm -f /var/run/tgtd/socket.$tctl /var/run/tgtd/socket.$tctl.lock; (exit $rc); cleanup_all' EXIT INT TERM
@@ -188,11 +190,12 @@ boot() {
 		BONNIE_RAM='$BONNIE_RAM'
 		MP_VENDOR='VMSAN'
 		MP_PRODUCT='VOLUME'
+		CUT_RA='$([ "$cut" = 1 ] && echo "$CUT_RA")'
 	EOF
 	(cd "$gd" && printf '%s\n' test.sh test.env mp-device.conf | cpio -o -H newc --quiet -R 0:0 | gzip -1) >"$gd/overlay.gz"
 	cat "$GUEST/initramfs.gz" "$gd/overlay.gz" >"$gd/initrd.gz"
-	local console=$OUT/$name-console.txt first=${RA_LIST%% *} cutter=
-	log "$name: guest boot, bonnie++ ${BONNIE_SIZE} MiB per read-ahead in: $RA_LIST$([ "$cut" = 1 ] && echo "; path 1 cut ($CUT) during ra=$first") (load $(loadavg))"
+	local console=$OUT/$name-console.txt cutter=
+	log "$name: guest boot, bonnie++ ${BONNIE_SIZE} MiB per read-ahead in: $RA_LIST$([ "$cut" = 1 ] && echo ", then ra=$CUT_RA with path 1 cut ($CUT)") (load $(loadavg))"
 	echo "$name	$(loadavg)" >>"$OUT/load.tsv"
 	timeout 540 qemu-system-x86_64 -accel tcg -m "$GUEST_MEM" -nographic -no-reboot \
 		-netdev user,id=n0 -device virtio-net-pci,netdev=n0,romfile= \
@@ -201,7 +204,7 @@ boot() {
 	local q=$!
 	_pids+=("$q")
 	while kill -0 "$q" 2>/dev/null; do
-		if [ "$cut" = 1 ] && [ -z "$cutter" ] && grep -q "VMSAN-GUEST: BONNIE-RUNNING ra=$first\b" "$console"; then
+		if [ "$cut" = 1 ] && [ -z "$cutter" ] && grep -q "VMSAN-GUEST: BONNIE-RUNNING ra=[0-9]* run=cut" "$console"; then
 			(
 				sleep "$CUT_AFTER"
 				t0=$(date +%s.%N)
@@ -219,11 +222,11 @@ boot() {
 	wait "$q" || rc=$?
 	[ -z "$cutter" ] || wait "$cutter" || true
 	grep -q "VMSAN-GUEST: DONE OK" "$console" || die "$name: guest failed (rc $rc; see $console): $(grep -a 'VMSAN-GUEST: FAIL' "$console" | head -1)"
-	local ra
-	for ra in $RA_LIST; do
-		tr -d '\r' <"$console" | awk -v b="VMSAN-BONNIE-$ra-BEGIN" -v e="VMSAN-BONNIE-$ra-END" '$0 ~ e { p=0 } p { print } $0 ~ b { p=1 }' |
-			awk -F, -v OFS=, -v n="$name-ra$ra" 'NF > 20 { $3 = n; print }' >>"$OUT/results.csv"
-		tr -d '\r' <"$console" | sed -n "s/.*VMSAN-GUEST: RUN ra=$ra \(.*\)/$name\t$ra\t$([ "$cut" = 1 ] && [ "$ra" = "$first" ] && echo "$CUT" || echo -)\t\1/p" >>"$OUT/runs.tsv"
+	local label
+	for label in $RA_LIST $([ "$cut" = 1 ] && echo cut); do
+		tr -d '\r' <"$console" | awk -v b="VMSAN-BONNIE-$label-BEGIN" -v e="VMSAN-BONNIE-$label-END" '$0 ~ e { p=0 } p { print } $0 ~ b { p=1 }' |
+			awk -F, -v OFS=, -v n="$name-$label" 'NF > 20 { $3 = n; print }' >>"$OUT/results.csv"
+		tr -d '\r' <"$console" | sed -n "s/.*VMSAN-GUEST: RUN $label ra=\([0-9]*\) \(.*\)/$name\t$label\t\1\t\2/p" >>"$OUT/runs.tsv"
 	done
 }
 
@@ -240,10 +243,24 @@ for m in $TGT_MODES; do
 	first_tgt=0
 done
 elapsed=$(($(date +%s) - start))
+# tgtd ignores SIGTERM: SIGKILL (it keeps nothing but the image).
+kill -9 "$tgtpid" 2>/dev/null && wait "$tgtpid" 2>/dev/null || true
 
 # --- report -----------------------------------------------------------------
 
-bon_csv2txt <"$OUT/results.csv" >"$OUT/bonnie.txt" 2>/dev/null || true
+# bon_csv2txt keeps 7 characters of a name: TARGET CACHE-RUN, e.g. vwt-16k
+# (vmsan, writethrough, read-ahead 16384), td-cut (tgt, direct, the run
+# with the cut).
+short() {
+	local n=$1 t c ra
+	t=${n%%-*}; c=${n#*-}; c=${c%-*}; ra=${n##*-}
+	case "$c" in none) c=n ;; writethrough) c=wt ;; writeback) c=wb ;; direct) c=d ;; buffered) c=b ;; esac
+	[ "$ra" != cut ] && [ "$ra" -ge 1024 ] && [ $((ra % 1024)) = 0 ] && ra=$((ra / 1024))k
+	echo "${t:0:1}$c-$ra"
+}
+while IFS=, read -r a b name rest; do
+	echo "$a,$b,$(short "$name"),$rest"
+done <"$OUT/results.csv" | bon_csv2txt >"$OUT/bonnie.txt" 2>/dev/null || true
 
 # kv KEY LINE: the value of KEY=VALUE in a RUN line.
 kv() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
@@ -254,12 +271,14 @@ kv() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 {
 	echo "["
 	sep=
-	while IFS=$'\t' read -r name ra cut rest; do
-		line=$(grep "^[^,]*,[^,]*,$name-ra$ra," "$OUT/results.csv" || true)
+	while IFS=$'\t' read -r name label ra rest; do
+		line=$(grep "^[^,]*,[^,]*,$name-$label," "$OUT/results.csv" || true)
 		IFS=, read -r -a f <<<"$line"
-		printf '%s  {"target": "%s", "cache": "%s", "read_ahead_sectors": %s, "path_cut": "%s", "block_out_kps": "%s", "block_out_cpu": "%s", "rewrite_kps": "%s", "rewrite_cpu": "%s", "block_in_kps": "%s", "block_in_cpu": "%s", "seeks_per_s": "%s", "seeks_cpu": "%s", "latency_block_out": "%s", "latency_rewrite": "%s", "latency_block_in": "%s", "latency_seeks": "%s", "stall_s": %s, "min_active_paths": "%s", "dm_errors": %s, "path_errors": %s, "bonnie_rc": %s}' \
-			"$sep" "${name%%-*}" "${name#*-}" "$ra" "$cut" "${f[11]:-}" "${f[12]:-}" "${f[13]:-}" "${f[14]:-}" "${f[17]:-}" "${f[18]:-}" "${f[19]:-}" "${f[20]:-}" \
-			"${f[39]:-}" "${f[40]:-}" "${f[42]:-}" "${f[43]:-}" "$(kv stall "$rest")" "$(kv min_active "$rest")" "$(kv dm_errors "$rest")" "$(kv path_errors "$rest")" "$(kv rc "$rest")"
+		cut=-
+		[ "$label" = cut ] && cut=$CUT
+		printf '%s  {"target": "%s", "cache": "%s", "run": "%s", "read_ahead_sectors": %s, "path_cut": "%s", "block_out_kps": "%s", "block_out_cpu": "%s", "rewrite_kps": "%s", "rewrite_cpu": "%s", "block_in_kps": "%s", "block_in_cpu": "%s", "seeks_per_s": "%s", "seeks_cpu": "%s", "latency_block_out": "%s", "latency_rewrite": "%s", "latency_block_in": "%s", "latency_seeks": "%s", "map_stall_s": %s, "path_stall_s": %s, "min_active_paths": "%s", "dm_errors": %s, "path_errors": %s, "bonnie_rc": %s}' \
+			"$sep" "${name%%-*}" "${name#*-}" "$label" "$ra" "$cut" "${f[11]:-}" "${f[12]:-}" "${f[13]:-}" "${f[14]:-}" "${f[17]:-}" "${f[18]:-}" "${f[19]:-}" "${f[20]:-}" \
+			"${f[39]:-}" "${f[40]:-}" "${f[42]:-}" "${f[43]:-}" "$(kv map_stall "$rest")" "$(kv path_stall "$rest")" "$(kv min_active "$rest")" "$(kv dm_errors "$rest")" "$(kv path_errors "$rest")" "$(kv rc "$rest")"
 		sep=$',\n'
 	done <"$OUT/runs.tsv"
 	printf '\n]\n'
@@ -299,15 +318,15 @@ fi
 {
 	echo "## 000-iscsi-multipath ($(date -u '+%Y-%m-%d %H:%M UTC'), guest runs $elapsed s)"
 	echo
-	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9]*' "$OUT/multipath-device.conf"), $(grep -o 'fast_io_fail_tmo [0-9]*' "$OUT/multipath-device.conf"); NOP-Out 2 s + 2 s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. Path 1 cut ($CUT) $CUT_AFTER s into the marked run for $CUT_SECS s."
+	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1), $(grep -o 'fast_io_fail_tmo [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1); NOP-Out 2 s + 2 s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. The first vmsan boot and the tgt boot make one more run (read-ahead $CUT_RA) during which path 1 is cut ($CUT) $CUT_AFTER s after it started, for $CUT_SECS s. Stall: the longest time the guest saw requests in flight and none completing, on the whole map / on one path (the lost path's I/O held until it failed over; 0.5 s samples)."
 	echo
-	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | guest stall | min active paths | I/O errors (map / paths) |"
+	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | stall: map / path | min active paths | I/O errors (map / paths) |"
 	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-	jq -r '.[] | "| \(.target) | \(.cache) | \(.read_ahead_sectors) | \(.block_out_kps) | \(.block_out_cpu) | \(.rewrite_kps) | \(.rewrite_cpu) | \(.block_in_kps) | \(.block_in_cpu) | \(.seeks_per_s) | \(.seeks_cpu) | \(.latency_block_out) / \(.latency_rewrite) / \(.latency_block_in) / \(.latency_seeks) | \(.path_cut) | \(.stall_s) s | \(.min_active_paths) | \(.dm_errors) / \(.path_errors) |"' "$OUT/results.json"
+	jq -r '.[] | "| \(.target) | \(.cache) | \(.read_ahead_sectors) | \(.block_out_kps) | \(.block_out_cpu) | \(.rewrite_kps) | \(.rewrite_cpu) | \(.block_in_kps) | \(.block_in_cpu) | \(.seeks_per_s) | \(.seeks_cpu) | \(.latency_block_out) / \(.latency_rewrite) / \(.latency_block_in) / \(.latency_seeks) | \(.path_cut) | \(.map_stall_s) / \(.path_stall_s) s | \(.min_active_paths) | \(.dm_errors) / \(.path_errors) |"' "$OUT/results.json"
 	echo
 	echo "Load average at each boot: $(awk -F'\t' '{ printf "%s%s %s", sep, $1, $2; sep = "; " }' "$OUT/load.tsv")."
 	echo
-	echo "bonnie++'s own table (bon_csv2txt):"
+	echo "bonnie++'s own table (bon_csv2txt; names: target v(msan)/t(gt), cache n(one)/wt/wb/d(irect)/b(uffered), read-ahead):"
 	echo
 	echo '```'
 	cat "$OUT/bonnie.txt"

@@ -7,25 +7,36 @@
 # them), IQN, CHAP_USER/CHAP_SECRET (optional), RA_LIST (read-ahead in
 # 512-byte sectors, default "256 16384", the values of the field case),
 # BONNIE_SIZE and BONNIE_RAM (MiB; bonnie++ wants a file of twice the RAM
-# it is told about; default 128 and 64), MP_VENDOR/MP_PRODUCT.
+# it is told about; default 128 and 64; the guest's memory beyond BONNIE_RAM
+# is pinned in a tmpfs, so that the file does not fit in its page cache),
+# MP_VENDOR/MP_PRODUCT.
 # /mp-device.conf, if the host adds it: the multipath.conf devices section
 # to use instead of init-iscsi's (the scenario passes what
 # `vmsan iscsi multipath-conf` prints, with the field case's path
 # selector); init-iscsi's defaults and blacklist (no udev in the guest)
 # stay.
 #
-# Console output: "VMSAN-GUEST: BONNIE-RUNNING ra=N" when each run starts
-# (a scenario that cuts a path mid-run waits for it), each run's bonnie++
-# CSV line between "VMSAN-BONNIE-N-BEGIN" and "VMSAN-BONNIE-N-END", then
-# "RUN ra=N ..." with what the guest saw of the map during the run:
-#   stall=S      the longest time (s, sampled every 0.5 s) the map had
-#                requests in flight and completed none: a path failover
+# CUT_RA: if set, one more run with that read-ahead, labelled "cut" (the
+# host cuts a path during it); the others are labelled with their
+# read-ahead.
+#
+# Console output: "VMSAN-GUEST: BONNIE-RUNNING ra=N run=LABEL" when each
+# run starts (a scenario that cuts a path mid-run waits for it), each
+# run's bonnie++ CSV line between "VMSAN-BONNIE-LABEL-BEGIN" and
+# "VMSAN-BONNIE-LABEL-END", then "RUN LABEL ra=N ..." with what the guest
+# saw of the map during the run (sampled every 0.5 s; paths every second):
+#   map_stall=S  the longest time the map had requests in flight and
+#                completed none (other paths may keep completing I/O
+#                while one is stuck, so this can be short)
+#   path_stall=S the longest time one path had requests in flight and
+#                completed none: how long I/O sent down the lost path was
+#                held before it failed over
 #   min_active=K/N  the fewest active paths seen
 #   dm_errors=E  kernel log lines of I/O errors on the map or ext4 errors
 #                (must be 0: an error the guest's filesystem saw)
 #   path_errors=P  kernel log lines of I/O errors on the member paths
 #                (sdX: failed over by dm-multipath, invisible above it)
-# and "PATHS-ACTIVE ra=N after S s" once every path is active again (the
+# and "PATHS-ACTIVE LABEL after S s" once every path is active again (the
 # next run waits for that, up to 120 s).
 RA_LIST=${RA_LIST:-256 16384}
 BONNIE_SIZE=${BONNIE_SIZE:-128}
@@ -44,7 +55,6 @@ for p in $PORTALS; do
 done
 wait_disks "$n" 30 || fail "not $n SCSI disks after $n logins: $(iscsi_disks | tr '\n' ' ')"
 mp_start || fail "multipathd did not start"
-active_paths() { multipathd show paths raw format '%d %t' 2>/dev/null | grep -c ' active$'; }
 wait_for 30 sh -c "[ \$(multipathd show paths raw format '%d %t' | grep -c ' active\$') -ge $n ]" ||
 	fail "not $n active paths: $(multipathd show paths 2>&1)"
 map=$(mp_map)
@@ -54,49 +64,83 @@ dm=$(basename "$(ls -d /sys/block/dm-* | head -1)")
 run multipath -ll
 say "MAP $map paths=$n $(grep -o "policy='[^']*'" /tmp/run.out | head -1) $(grep -o "features='[^']*'" /tmp/run.out | head -1)"
 
+# bonnie++ sizes its file from the RAM it is told (-r, twice that), not
+# from what the guest has: pin the guest's memory beyond BONNIE_RAM (plus
+# a margin for the kernel and the tools) in a tmpfs, so that the page
+# cache cannot hold the file and its reads go to the disk, where
+# read-ahead matters.
+avail=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)
+pin=$((avail - BONNIE_RAM - 32))
+if [ "$pin" -gt 0 ]; then
+	mkdir -p /pin
+	mount -t tmpfs -o size="${pin}m" tmpfs /pin && dd if=/dev/zero of=/pin/mem bs=1M count="$pin" 2>/dev/null
+fi
+say "MEM available=${avail}MiB pinned=${pin}MiB left=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)MiB bonnie_ram=${BONNIE_RAM}MiB"
+
 mke2fs -q -t ext4 "$dev" >/dev/null 2>&1 || mke2fs -q "$dev" || fail "mke2fs $dev"
 mkdir -p /mnt
-for ra in $RA_LIST; do
+# The runs: one per read-ahead, and with CUT_RA set one more, labelled
+# "cut", with that read-ahead, during which the host cuts a path.
+runs=
+for ra in $RA_LIST; do runs="$runs $ra:$ra"; done
+[ -n "${CUT_RA:-}" ] && runs="$runs cut:$CUT_RA"
+for r in $runs; do
+	label=${r%%:*} ra=${r#*:}
 	# The read-ahead of the map and of every path under it.
 	blockdev --setra "$ra" "$dev"
 	for d in $(iscsi_disks); do blockdev --setra "$ra" "/dev/$d"; done
 	mount -t ext4 "$dev" /mnt 2>/dev/null || mount "$dev" /mnt || fail "mount $dev"
 	dmesg -c >/dev/null 2>&1
-	# Sampler: uptime and the map's stat (reads completed is field 1,
-	# writes completed field 5, in flight field 9) every 0.5 s, and the
-	# active path count every second.
+	# Sampler: every 0.5 s the uptime and the stat line of the map and of
+	# each path (reads completed is field 1, writes completed field 5, in
+	# flight field 9), and every second the active path count.
 	rm -f /tmp/io.log /tmp/paths.log /tmp/sampler.stop
+	# Two loops: multipathd's answers wait while its checker is stuck on
+	# the lost path, and must not hold up the stat samples.
+	disks=$(iscsi_disks)
 	(
-		i=0
 		while [ ! -e /tmp/sampler.stop ]; do
-			echo "$(cut -d' ' -f1 /proc/uptime) $(cat /sys/block/$dm/stat)" >>/tmp/io.log
-			[ $((i % 2)) = 0 ] && active_paths >>/tmp/paths.log
-			i=$((i + 1))
+			t=$(cut -d' ' -f1 /proc/uptime)
+			for d in $dm $disks; do echo "$t $d $(cat /sys/block/$d/stat)"; done >>/tmp/io.log
 			sleep 0.5
 		done
 	) &
 	sampler=$!
-	say "BONNIE-RUNNING ra=$ra"
+	(
+		while [ ! -e /tmp/sampler.stop ]; do
+			out=$(multipathd show paths raw format '%d %t' 2>/dev/null) && [ -n "$out" ] &&
+				echo "$out" | grep -c ' active$' >>/tmp/paths.log
+			sleep 1
+		done
+	) &
+	psampler=$!
+	say "BONNIE-RUNNING ra=$ra run=$label"
 	rc=0
 	bonnie++ -d /mnt -s "$BONNIE_SIZE" -r "$BONNIE_RAM" -n 0 -f -u root -q >/tmp/bonnie.csv 2>/tmp/bonnie.err || rc=$?
 	touch /tmp/sampler.stop
-	wait $sampler
-	echo "VMSAN-BONNIE-$ra-BEGIN"
+	wait $sampler $psampler
+	echo "VMSAN-BONNIE-$label-BEGIN"
 	tail -1 /tmp/bonnie.csv
-	echo "VMSAN-BONNIE-$ra-END"
-	stall=$(awk '{ ios = $2 + $6; if (NR == 1 || ios != prev) { last = $1 } else if ($10 > 0 && $1 - last > max) { max = $1 - last } prev = ios }
-		END { printf "%.1f", max }' /tmp/io.log)
+	echo "VMSAN-BONNIE-$label-END"
+	# Per device, the longest time it had requests in flight and completed
+	# none; "map" is the map's, "path" the worst of its paths'.
+	stalls=$(awk -v dm="$dm" '{
+			d = $2; ios = $3 + $7
+			if (!(d in prev) || ios != prev[d]) { last[d] = $1 } else if ($11 > 0 && $1 - last[d] > max[d]) { max[d] = $1 - last[d] }
+			prev[d] = ios
+		}
+		END { for (d in max) if (d != dm && max[d] > p) p = max[d]; printf "map_stall=%.1f path_stall=%.1f", max[dm], p }' /tmp/io.log)
 	minact=$(sort -n /tmp/paths.log | head -1)
 	dmerr=$(dmesg | grep -E "(I/O error|critical).*dev dm-|EXT4-fs (error|warning)|Buffer I/O error on dev dm-" | tee /tmp/dmerr | wc -l)
 	patherr=$(dmesg | grep -E "I/O error.*dev sd|rejecting I/O|Failing path" | wc -l)
-	say "RUN ra=$ra rc=$rc stall=$stall min_active=${minact:-?}/$n dm_errors=$dmerr path_errors=$patherr"
+	say "RUN $label ra=$ra rc=$rc $stalls min_active=${minact:-?}/$n dm_errors=$dmerr path_errors=$patherr"
 	[ "$dmerr" = 0 ] || sed 's/^/  [dm-error] /' /tmp/dmerr
-	[ "$rc" = 0 ] || fail "bonnie++ ra=$ra: $(tail -3 /tmp/bonnie.err)"
+	[ "$rc" = 0 ] || fail "bonnie++ run $label: $(tail -3 /tmp/bonnie.err)"
 	umount /mnt || fail "umount"
 	t0=$(cut -d. -f1 /proc/uptime)
 	wait_for 120 sh -c "[ \$(multipathd show paths raw format '%d %t' | grep -c ' active\$') -ge $n ]" ||
 		fail "not $n active paths again: $(multipathd show paths 2>&1)"
-	say "PATHS-ACTIVE ra=$ra after $(($(cut -d. -f1 /proc/uptime) - t0))s"
+	say "PATHS-ACTIVE $label after $(($(cut -d. -f1 /proc/uptime) - t0))s"
 done
 run multipath -ll
 multipath -F >/dev/null 2>&1

@@ -43,7 +43,7 @@
 # Output (scenarios/out/000/): summary.md (the table), results.csv (the
 # bonnie++ CSV lines, named TARGET-CACHE-raN), results.json, bonnie.txt
 # (bon_csv2txt: bonnie++'s own table), runs.tsv (per run: the guest's
-# stall, paths, errors), paths-TARGET.png and paths.tsv (per-path MB/s
+# stalls, failed paths, errors), paths-TARGET.png and paths.tsv (per-path MB/s
 # around the cut, from the proxies' byte counts), guest consoles and
 # daemon logs.
 set -euo pipefail
@@ -58,8 +58,8 @@ if [ "$QUICK" = 1 ]; then
 	BONNIE_RAM=${BONNIE_RAM:-32}
 else
 	CACHES=${CACHES:-none writethrough writeback}
-	BONNIE_SIZE=${BONNIE_SIZE:-128}
-	BONNIE_RAM=${BONNIE_RAM:-64}
+	BONNIE_SIZE=${BONNIE_SIZE:-96}
+	BONNIE_RAM=${BONNIE_RAM:-48}
 fi
 TGT_MODES=${TGT_MODES:-direct}
 GUEST_MEM=${GUEST_MEM:-256} # MiB; the guest pins all but BONNIE_RAM (+ a margin) so that bonnie++'s file does not fit in its page cache
@@ -276,9 +276,9 @@ kv() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 		IFS=, read -r -a f <<<"$line"
 		cut=-
 		[ "$label" = cut ] && cut=$CUT
-		printf '%s  {"target": "%s", "cache": "%s", "run": "%s", "read_ahead_sectors": %s, "path_cut": "%s", "block_out_kps": "%s", "block_out_cpu": "%s", "rewrite_kps": "%s", "rewrite_cpu": "%s", "block_in_kps": "%s", "block_in_cpu": "%s", "seeks_per_s": "%s", "seeks_cpu": "%s", "latency_block_out": "%s", "latency_rewrite": "%s", "latency_block_in": "%s", "latency_seeks": "%s", "map_stall_s": %s, "path_stall_s": %s, "min_active_paths": "%s", "dm_errors": %s, "path_errors": %s, "bonnie_rc": %s}' \
+		printf '%s  {"target": "%s", "cache": "%s", "run": "%s", "read_ahead_sectors": %s, "path_cut": "%s", "block_out_kps": "%s", "block_out_cpu": "%s", "rewrite_kps": "%s", "rewrite_cpu": "%s", "block_in_kps": "%s", "block_in_cpu": "%s", "seeks_per_s": "%s", "seeks_cpu": "%s", "latency_block_out": "%s", "latency_rewrite": "%s", "latency_block_in": "%s", "latency_seeks": "%s", "map_stall_s": %s, "path_stall_s": %s, "paths_failed_max": "%s", "dm_errors": %s, "path_errors": %s, "bonnie_rc": %s}' \
 			"$sep" "${name%%-*}" "${name#*-}" "$label" "$ra" "$cut" "${f[11]:-}" "${f[12]:-}" "${f[13]:-}" "${f[14]:-}" "${f[17]:-}" "${f[18]:-}" "${f[19]:-}" "${f[20]:-}" \
-			"${f[39]:-}" "${f[40]:-}" "${f[42]:-}" "${f[43]:-}" "$(kv map_stall "$rest")" "$(kv path_stall "$rest")" "$(kv min_active "$rest")" "$(kv dm_errors "$rest")" "$(kv path_errors "$rest")" "$(kv rc "$rest")"
+			"${f[39]:-}" "${f[40]:-}" "${f[42]:-}" "${f[43]:-}" "$(kv map_stall "$rest")" "$(kv path_stall "$rest")" "$(kv failed_max "$rest")" "$(kv dm_errors "$rest")" "$(kv path_errors "$rest")" "$(kv rc "$rest")"
 		sep=$',\n'
 	done <"$OUT/runs.tsv"
 	printf '\n]\n'
@@ -320,9 +320,9 @@ fi
 	echo
 	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1), $(grep -o 'fast_io_fail_tmo [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1); NOP-Out 2 s + 2 s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. The first vmsan boot and the tgt boot make one more run (read-ahead $CUT_RA) during which path 1 is cut ($CUT) $CUT_AFTER s after it started, for $CUT_SECS s. Stall: the longest time the guest saw requests in flight and none completing, on the whole map / on one path (the lost path's I/O held until it failed over; 0.5 s samples)."
 	echo
-	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | stall: map / path | min active paths | I/O errors (map / paths) |"
+	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | stall: map / path | paths failed (most at once) | I/O errors (map / paths) |"
 	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-	jq -r '.[] | "| \(.target) | \(.cache) | \(.read_ahead_sectors) | \(.block_out_kps) | \(.block_out_cpu) | \(.rewrite_kps) | \(.rewrite_cpu) | \(.block_in_kps) | \(.block_in_cpu) | \(.seeks_per_s) | \(.seeks_cpu) | \(.latency_block_out) / \(.latency_rewrite) / \(.latency_block_in) / \(.latency_seeks) | \(.path_cut) | \(.map_stall_s) / \(.path_stall_s) s | \(.min_active_paths) | \(.dm_errors) / \(.path_errors) |"' "$OUT/results.json"
+	jq -r '.[] | "| \(.target) | \(.cache) | \(.read_ahead_sectors) | \(.block_out_kps) | \(.block_out_cpu) | \(.rewrite_kps) | \(.rewrite_cpu) | \(.block_in_kps) | \(.block_in_cpu) | \(.seeks_per_s) | \(.seeks_cpu) | \(.latency_block_out) / \(.latency_rewrite) / \(.latency_block_in) / \(.latency_seeks) | \(.path_cut) | \(.map_stall_s) / \(.path_stall_s) s | \(.paths_failed_max) | \(.dm_errors) / \(.path_errors) |"' "$OUT/results.json"
 	echo
 	echo "Load average at each boot: $(awk -F'\t' '{ printf "%s%s %s", sep, $1, $2; sep = "; " }' "$OUT/load.tsv")."
 	echo

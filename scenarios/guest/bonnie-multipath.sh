@@ -31,7 +31,7 @@
 #   path_stall=S the longest time one path had requests in flight and
 #                completed none: how long I/O sent down the lost path was
 #                held before it failed over
-#   min_active=K/N  the fewest active paths seen
+#   failed_max=K/N  the most paths multipathd had failed at once
 #   dm_errors=E  kernel log lines of I/O errors on the map or ext4 errors
 #                (must be 0: an error the guest's filesystem saw)
 #   path_errors=P  kernel log lines of I/O errors on the member paths
@@ -109,7 +109,7 @@ for r in $runs; do
 	(
 		while [ ! -e /tmp/sampler.stop ]; do
 			out=$(multipathd show paths raw format '%d %t' 2>/dev/null) && [ -n "$out" ] &&
-				echo "$out" | grep -c ' active$' >>/tmp/paths.log
+				echo "$out" | grep -c ' failed$' >>/tmp/paths.log
 			sleep 1
 		done
 	) &
@@ -130,10 +130,10 @@ for r in $runs; do
 			prev[d] = ios
 		}
 		END { for (d in max) if (d != dm && max[d] > p) p = max[d]; printf "map_stall=%.1f path_stall=%.1f", max[dm], p }' /tmp/io.log)
-	minact=$(sort -n /tmp/paths.log | head -1)
+	maxfailed=$(sort -n /tmp/paths.log | tail -1)
 	dmerr=$(dmesg | grep -E "(I/O error|critical).*dev dm-|EXT4-fs (error|warning)|Buffer I/O error on dev dm-" | tee /tmp/dmerr | wc -l)
 	patherr=$(dmesg | grep -E "I/O error.*dev sd|rejecting I/O|Failing path" | wc -l)
-	say "RUN $label ra=$ra rc=$rc $stalls min_active=${minact:-?}/$n dm_errors=$dmerr path_errors=$patherr"
+	say "RUN $label ra=$ra rc=$rc $stalls failed_max=${maxfailed:-?}/$n dm_errors=$dmerr path_errors=$patherr"
 	[ "$dmerr" = 0 ] || sed 's/^/  [dm-error] /' /tmp/dmerr
 	[ "$rc" = 0 ] || fail "bonnie++ run $label: $(tail -3 /tmp/bonnie.err)"
 	umount /mnt || fail "umount"

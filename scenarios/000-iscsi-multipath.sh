@@ -31,21 +31,25 @@
 #
 # The cut: the first vmsan boot and the first tgt boot make one more
 # bonnie++ run (read-ahead CUT_RA, default the first of RA_LIST), and
-# CUT_AFTER seconds after the guest says it started, path 1 is cut (CUT=blackhole: its traffic silently stalls, a pulled
-# cable; CUT=drop: its connections are closed and new ones refused) for
-# CUT_SECS seconds, then restored. bonnie++ must finish without an error;
-# the guest reports the longest time its map had requests in flight and
-# completed none (its stall), the fewest active paths, and kernel I/O
-# errors on the map (must be none) and on the paths (failed over).
+# CUT_AFTER seconds after the guest says it started, path 1 is cut
+# (CUT=blackhole: its traffic silently stalls, a pulled cable; CUT=drop:
+# its connections are closed and new ones refused) for CUT_SECS seconds,
+# then restored. bonnie++ must finish without an error. In every run the
+# guest also times a 4 KiB O_DIRECT probe write through the map every
+# 0.25 s (round-robin sends some down the lost path) and reports the
+# slowest (how long one I/O was held), the longest time the map completed
+# nothing while it had requests in flight, the most paths failed at once,
+# and kernel I/O errors on the map (must be none) and on the paths
+# (failed over by dm-multipath).
 #
 # QUICK=1: cache=none only, a smaller bonnie++ file.
 #
 # Output (scenarios/out/000/): summary.md (the table), results.csv (the
-# bonnie++ CSV lines, named TARGET-CACHE-raN), results.json, bonnie.txt
-# (bon_csv2txt: bonnie++'s own table), runs.tsv (per run: the guest's
-# stalls, failed paths, errors), paths-TARGET.png and paths.tsv (per-path MB/s
-# around the cut, from the proxies' byte counts), guest consoles and
-# daemon logs.
+# bonnie++ CSV lines, named TARGET-CACHE-RUN, RUN the read-ahead or
+# "cut"), results.json, bonnie.txt (bon_csv2txt: bonnie++'s own table),
+# runs.tsv (per run: the guest's probe, stall, paths, errors),
+# paths-TARGET.png and paths.tsv (per-path MB/s around the cut, from the
+# proxies' byte counts), guest consoles and daemon logs.
 set -euo pipefail
 . "$(dirname "$0")/lib/common.sh"
 
@@ -75,7 +79,7 @@ CHAP_USER=guest
 CHAP_SECRET=vmsan-chap-secret
 
 need_root "tgtd and the guest's iSCSI target ports"
-need_tools curl:curl go:golang-go qemu-system-x86_64:qemu-system-x86 cpio:cpio gzip:gzip \
+need_tools curl:curl jq:jq go:golang-go qemu-system-x86_64:qemu-system-x86 cpio:cpio gzip:gzip \
 	tgtd:tgt tgtadm:tgt iscsiadm:open-iscsi multipath:multipath-tools bonnie++:bonnie++ bon_csv2txt:bonnie++
 case "$CUT" in blackhole | drop) ;; *) die "CUT must be blackhole or drop" ;; esac
 mkdir -p "$OUT"
@@ -276,9 +280,9 @@ kv() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$2"; }
 		IFS=, read -r -a f <<<"$line"
 		cut=-
 		[ "$label" = cut ] && cut=$CUT
-		printf '%s  {"target": "%s", "cache": "%s", "run": "%s", "read_ahead_sectors": %s, "path_cut": "%s", "block_out_kps": "%s", "block_out_cpu": "%s", "rewrite_kps": "%s", "rewrite_cpu": "%s", "block_in_kps": "%s", "block_in_cpu": "%s", "seeks_per_s": "%s", "seeks_cpu": "%s", "latency_block_out": "%s", "latency_rewrite": "%s", "latency_block_in": "%s", "latency_seeks": "%s", "map_stall_s": %s, "path_stall_s": %s, "paths_failed_max": "%s", "dm_errors": %s, "path_errors": %s, "bonnie_rc": %s}' \
+		printf '%s  {"target": "%s", "cache": "%s", "run": "%s", "read_ahead_sectors": %s, "path_cut": "%s", "block_out_kps": "%s", "block_out_cpu": "%s", "rewrite_kps": "%s", "rewrite_cpu": "%s", "block_in_kps": "%s", "block_in_cpu": "%s", "seeks_per_s": "%s", "seeks_cpu": "%s", "latency_block_out": "%s", "latency_rewrite": "%s", "latency_block_in": "%s", "latency_seeks": "%s", "map_stall_s": %s, "probe_max_s": %s, "probes": %s, "probe_errors": %s, "paths_failed_max": "%s", "dm_errors": %s, "path_errors": %s, "bonnie_rc": %s}' \
 			"$sep" "${name%%-*}" "${name#*-}" "$label" "$ra" "$cut" "${f[11]:-}" "${f[12]:-}" "${f[13]:-}" "${f[14]:-}" "${f[17]:-}" "${f[18]:-}" "${f[19]:-}" "${f[20]:-}" \
-			"${f[39]:-}" "${f[40]:-}" "${f[42]:-}" "${f[43]:-}" "$(kv map_stall "$rest")" "$(kv path_stall "$rest")" "$(kv failed_max "$rest")" "$(kv dm_errors "$rest")" "$(kv path_errors "$rest")" "$(kv rc "$rest")"
+			"${f[39]:-}" "${f[40]:-}" "${f[42]:-}" "${f[43]:-}" "$(kv map_stall "$rest")" "$(kv probe_max "$rest")" "$(kv probes "$rest")" "$(kv probe_errors "$rest")" "$(kv failed_max "$rest")" "$(kv dm_errors "$rest")" "$(kv path_errors "$rest")" "$(kv rc "$rest")"
 		sep=$',\n'
 	done <"$OUT/runs.tsv"
 	printf '\n]\n'
@@ -318,11 +322,11 @@ fi
 {
 	echo "## 000-iscsi-multipath ($(date -u '+%Y-%m-%d %H:%M UTC'), guest runs $elapsed s)"
 	echo
-	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1), $(grep -o 'fast_io_fail_tmo [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1); NOP-Out 2 s + 2 s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. The first vmsan boot and the tgt boot make one more run (read-ahead $CUT_RA) during which path 1 is cut ($CUT) $CUT_AFTER s after it started, for $CUT_SECS s. Stall: the longest time the guest saw requests in flight and none completing, on the whole map / on one path (the lost path's I/O held until it failed over; 0.5 s samples)."
+	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1), $(grep -o 'fast_io_fail_tmo [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1); NOP-Out 2 s + 2 s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. The first vmsan boot and the tgt boot make one more run (read-ahead $CUT_RA) during which path 1 is cut ($CUT) $CUT_AFTER s after it started, for $CUT_SECS s. Longest probe write: the slowest of the guest's 4 KiB O_DIRECT writes through the map every 0.25 s during the run (round-robin sends some down the lost path: how long one I/O was held). Map stall: the longest time the map had requests in flight and completed none (0.5 s samples)."
 	echo
-	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | stall: map / path | paths failed (most at once) | I/O errors (map / paths) |"
-	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-	jq -r '.[] | "| \(.target) | \(.cache) | \(.read_ahead_sectors) | \(.block_out_kps) | \(.block_out_cpu) | \(.rewrite_kps) | \(.rewrite_cpu) | \(.block_in_kps) | \(.block_in_cpu) | \(.seeks_per_s) | \(.seeks_cpu) | \(.latency_block_out) / \(.latency_rewrite) / \(.latency_block_in) / \(.latency_seeks) | \(.path_cut) | \(.map_stall_s) / \(.path_stall_s) s | \(.paths_failed_max) | \(.dm_errors) / \(.path_errors) |"' "$OUT/results.json"
+	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | longest probe write | map stall | paths failed (most at once) | I/O errors (map / paths) |"
+	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	jq -r '.[] | "| \(.target) | \(.cache) | \(.read_ahead_sectors) | \(.block_out_kps) | \(.block_out_cpu) | \(.rewrite_kps) | \(.rewrite_cpu) | \(.block_in_kps) | \(.block_in_cpu) | \(.seeks_per_s) | \(.seeks_cpu) | \(.latency_block_out) / \(.latency_rewrite) / \(.latency_block_in) / \(.latency_seeks) | \(.path_cut) | \(.probe_max_s) s | \(.map_stall_s) s | \(.paths_failed_max) | \(.dm_errors) / \(.path_errors) |"' "$OUT/results.json"
 	echo
 	echo "Load average at each boot: $(awk -F'\t' '{ printf "%s%s %s", sep, $1, $2; sep = "; " }' "$OUT/load.tsv")."
 	echo
@@ -333,6 +337,6 @@ fi
 	echo '```'
 } >"$OUT/summary.md"
 cat "$OUT/summary.md"
-errs=$(jq '[.[] | select(.dm_errors != 0 or .bonnie_rc != 0)] | length' "$OUT/results.json")
+errs=$(jq '[.[] | select(.dm_errors != 0 or .bonnie_rc != 0 or .probe_errors != 0)] | length' "$OUT/results.json")
 [ "$errs" = 0 ] || die "$errs run(s) with I/O errors on the map"
 [ "$(jq length "$OUT/results.json")" -gt 0 ] || die "no results"

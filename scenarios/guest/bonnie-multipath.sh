@@ -28,9 +28,11 @@
 #   map_stall=S  the longest time the map had requests in flight and
 #                completed none (other paths may keep completing I/O
 #                while one is stuck, so this can be short)
-#   path_stall=S the longest time one path had requests in flight and
-#                completed none: how long I/O sent down the lost path was
-#                held before it failed over
+#   probe_max=S  the longest of the probe writes (4 KiB, O_DIRECT, through
+#                the map into its last MiB, which ext4 leaves free, every
+#                0.25 s during the run): how long one I/O was held, e.g.
+#                on a lost path until it failed over; probes=N of them,
+#                probe_errors=E failed (must be 0)
 #   failed_max=K/N  the most paths multipathd had failed at once
 #   dm_errors=E  kernel log lines of I/O errors on the map or ext4 errors
 #                (must be 0: an error the guest's filesystem saw)
@@ -77,7 +79,11 @@ if [ "$pin" -gt 0 ]; then
 fi
 say "MEM available=${avail}MiB pinned=${pin}MiB left=$(awk '/^MemAvailable:/ { print int($2 / 1024) }' /proc/meminfo)MiB bonnie_ram=${BONNIE_RAM}MiB"
 
-mke2fs -q -t ext4 "$dev" >/dev/null 2>&1 || mke2fs -q "$dev" || fail "mke2fs $dev"
+# ext4 leaves the map's last MiB to the probe (below).
+sectors=$(blockdev --getsz "$dev")
+fskb=$((sectors / 2 - 1024))
+probe_seek=$((sectors / 8 - 256)) # in 4 KiB blocks: the last MiB
+mke2fs -q -t ext4 "$dev" "$fskb" >/dev/null 2>&1 || mke2fs -q "$dev" "$fskb" || fail "mke2fs $dev"
 mkdir -p /mnt
 # The runs: one per read-ahead, and with CUT_RA set one more, labelled
 # "cut", with that read-ahead, during which the host cuts a path.
@@ -91,17 +97,16 @@ for r in $runs; do
 	for d in $(iscsi_disks); do blockdev --setra "$ra" "/dev/$d"; done
 	mount -t ext4 "$dev" /mnt 2>/dev/null || mount "$dev" /mnt || fail "mount $dev"
 	dmesg -c >/dev/null 2>&1
-	# Sampler: every 0.5 s the uptime and the stat line of the map and of
-	# each path (reads completed is field 1, writes completed field 5, in
-	# flight field 9), and every second the active path count.
-	rm -f /tmp/io.log /tmp/paths.log /tmp/sampler.stop
+	# Samplers: every 0.5 s the uptime and the map's stat line (reads
+	# completed is field 1, writes completed field 5, in flight field 9),
+	# every second the failed path count.
+	rm -f /tmp/io.log /tmp/paths.log /tmp/probe.log /tmp/probe.err /tmp/sampler.stop
 	# Two loops: multipathd's answers wait while its checker is stuck on
 	# the lost path, and must not hold up the stat samples.
-	disks=$(iscsi_disks)
 	(
 		while [ ! -e /tmp/sampler.stop ]; do
 			t=$(cut -d' ' -f1 /proc/uptime)
-			for d in $dm $disks; do echo "$t $d $(cat /sys/block/$d/stat)"; done >>/tmp/io.log
+			for d in $dm; do echo "$t $d $(cat /sys/block/$d/stat)"; done >>/tmp/io.log
 			sleep 0.5
 		done
 	) &
@@ -114,28 +119,43 @@ for r in $runs; do
 		done
 	) &
 	psampler=$!
+	# The probe: one 4 KiB O_DIRECT write through the map every 0.25 s,
+	# timed. Round-robin sends successive probes down different paths, so
+	# one of them waits on a lost path for as long as any I/O does; bonnie++
+	# writes through the page cache and its own latencies do not show that.
+	(
+		while [ ! -e /tmp/sampler.stop ]; do
+			t0=$(cut -d' ' -f1 /proc/uptime)
+			dd if=/dev/zero of="$dev" bs=4k count=1 seek="$probe_seek" oflag=direct 2>/dev/null || echo "probe write failed" >>/tmp/probe.err
+			echo "$t0 $(cut -d' ' -f1 /proc/uptime)" >>/tmp/probe.log
+			sleep 0.25
+		done
+	) &
+	prober=$!
 	say "BONNIE-RUNNING ra=$ra run=$label"
 	rc=0
 	bonnie++ -d /mnt -s "$BONNIE_SIZE" -r "$BONNIE_RAM" -n 0 -f -u root -q >/tmp/bonnie.csv 2>/tmp/bonnie.err || rc=$?
 	touch /tmp/sampler.stop
-	wait $sampler $psampler
+	wait $sampler $psampler $prober
 	echo "VMSAN-BONNIE-$label-BEGIN"
 	tail -1 /tmp/bonnie.csv
 	echo "VMSAN-BONNIE-$label-END"
-	# Per device, the longest time it had requests in flight and completed
-	# none; "map" is the map's, "path" the worst of its paths'.
+	# The longest time the map had requests in flight and completed none.
 	stalls=$(awk -v dm="$dm" '{
 			d = $2; ios = $3 + $7
 			if (!(d in prev) || ios != prev[d]) { last[d] = $1 } else if ($11 > 0 && $1 - last[d] > max[d]) { max[d] = $1 - last[d] }
 			prev[d] = ios
 		}
-		END { for (d in max) if (d != dm && max[d] > p) p = max[d]; printf "map_stall=%.1f path_stall=%.1f", max[dm], p }' /tmp/io.log)
+		END { printf "map_stall=%.1f", max[dm] }' /tmp/io.log)
+	probe=$(awk '$2 - $1 > max { max = $2 - $1 } END { printf "probe_max=%.2f probes=%d", max, NR }' /tmp/probe.log)
+	probe_err=$([ -e /tmp/probe.err ] && wc -l </tmp/probe.err || echo 0)
 	maxfailed=$(sort -n /tmp/paths.log | tail -1)
 	dmerr=$(dmesg | grep -E "(I/O error|critical).*dev dm-|EXT4-fs (error|warning)|Buffer I/O error on dev dm-" | tee /tmp/dmerr | wc -l)
 	patherr=$(dmesg | grep -E "I/O error.*dev sd|rejecting I/O|Failing path" | wc -l)
-	say "RUN $label ra=$ra rc=$rc $stalls failed_max=${maxfailed:-?}/$n dm_errors=$dmerr path_errors=$patherr"
+	say "RUN $label ra=$ra rc=$rc $stalls $probe probe_errors=$probe_err failed_max=${maxfailed:-?}/$n dm_errors=$dmerr path_errors=$patherr"
 	[ "$dmerr" = 0 ] || sed 's/^/  [dm-error] /' /tmp/dmerr
 	[ "$rc" = 0 ] || fail "bonnie++ run $label: $(tail -3 /tmp/bonnie.err)"
+	[ "$probe_err" = 0 ] || fail "probe writes failed in run $label"
 	umount /mnt || fail "umount"
 	t0=$(cut -d. -f1 /proc/uptime)
 	wait_for 120 sh -c "[ \$(multipathd show paths raw format '%d %t' | grep -c ' active\$') -ge $n ]" ||

@@ -8,7 +8,7 @@
 //
 // Each argument is NAME=LISTEN=TARGET. Control (curl):
 //
-//	GET /cut?path=NAME&how=blackhole|drop   cut the path
+//	GET /cut?path=NAME&how=blackhole|drop   cut the path (409 if it is cut)
 //	GET /restore?path=NAME                 restore it
 //	GET /ready                             200 once every proxy listens
 //
@@ -25,10 +25,12 @@ import (
 	"bufio"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -41,6 +43,104 @@ type path struct {
 	how  string // how it is cut now, "" when up
 }
 
+// proxies is the set of paths and their control handler.
+type proxies struct {
+	paths map[string]*path
+	order []*path
+	mu    sync.Mutex // serializes cuts and restores
+}
+
+// newProxies starts one proxy per NAME=LISTEN=TARGET spec.
+func newProxies(specs []string) (*proxies, error) {
+	ps := &proxies{paths: map[string]*path{}}
+	for _, a := range specs {
+		f := strings.SplitN(a, "=", 3)
+		if len(f) != 3 || f[0] == "" {
+			ps.Close()
+			return nil, fmt.Errorf("%q: want NAME=LISTEN=TARGET", a)
+		}
+		if ps.paths[f[0]] != nil {
+			ps.Close()
+			return nil, fmt.Errorf("%q: path %s given twice", a, f[0])
+		}
+		p, err := faultproxy.New(f[1], f[2])
+		if err != nil {
+			ps.Close()
+			return nil, fmt.Errorf("%s: %v", f[0], err)
+		}
+		pp := &path{name: f[0], p: p}
+		ps.paths[f[0]] = pp
+		ps.order = append(ps.order, pp)
+	}
+	return ps, nil
+}
+
+// Close stops every proxy.
+func (ps *proxies) Close() {
+	for _, pp := range ps.order {
+		pp.p.Close()
+	}
+}
+
+// ServeHTTP answers /ready, /cut and /restore.
+func (ps *proxies) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if r.URL.Path == "/ready" {
+		fmt.Fprintln(w, "ok")
+		return
+	}
+	if r.URL.Path != "/cut" && r.URL.Path != "/restore" {
+		http.NotFound(w, r)
+		return
+	}
+	pp := ps.paths[q.Get("path")]
+	if pp == nil {
+		http.Error(w, "unknown path", http.StatusNotFound)
+		return
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if r.URL.Path == "/restore" {
+		switch pp.how {
+		case "drop":
+			pp.p.Drop(false)
+		case "blackhole":
+			pp.p.Blackhole(false)
+		}
+		pp.how = ""
+		fmt.Fprintln(w, pp.name+" restored")
+		return
+	}
+	how := q.Get("how")
+	if pp.how != "" {
+		http.Error(w, pp.name+" is already cut ("+pp.how+")", http.StatusConflict)
+		return
+	}
+	n := pp.p.Conns()
+	switch how {
+	case "drop":
+		pp.p.Drop(true)
+	case "blackhole":
+		pp.p.Blackhole(true)
+	default:
+		http.Error(w, "how: blackhole or drop", http.StatusBadRequest)
+		return
+	}
+	pp.how = how
+	fmt.Fprintf(w, "%s cut (%s, %d connections)\n", pp.name, how, n)
+}
+
+// sample appends every path's cumulative byte count to w every interval.
+func (ps *proxies) sample(w io.Writer, interval time.Duration) {
+	bw := bufio.NewWriter(w)
+	for t := range time.Tick(interval) {
+		for _, pp := range ps.order {
+			fmt.Fprintf(bw, "%d\t%s\t%d\n", t.UnixMilli(), pp.name, pp.p.Bytes.Load())
+		}
+		bw.Flush()
+	}
+}
+
 func main() {
 	ctl := flag.String("ctl", "127.0.0.1:0", "control HTTP address")
 	samples := flag.String("samples", "", "file for the per-path byte samples (none if empty)")
@@ -49,93 +149,25 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: pathproxy -ctl ADDR [-samples FILE] NAME=LISTEN=TARGET ...")
 		os.Exit(2)
 	}
-	paths := map[string]*path{}
-	var order []*path
-	for _, a := range flag.Args() {
-		f := strings.SplitN(a, "=", 3)
-		if len(f) != 3 {
-			fatal("%q: want NAME=LISTEN=TARGET", a)
-		}
-		p, err := faultproxy.New(f[1], f[2])
-		if err != nil {
-			fatal("%s: %v", f[0], err)
-		}
-		pp := &path{name: f[0], p: p}
-		paths[f[0]] = pp
-		order = append(order, pp)
+	ps, err := newProxies(flag.Args())
+	if err != nil {
+		fatal("%v", err)
 	}
-	// The handlers run one at a time: a cut and a restore never interleave.
-	ops := make(chan func(), 1)
-	go func() {
-		for op := range ops {
-			op()
-		}
-	}()
-	do := func(w http.ResponseWriter, r *http.Request, f func(*path) string) {
-		pp := paths[r.URL.Query().Get("path")]
-		if pp == nil {
-			http.Error(w, "unknown path", http.StatusNotFound)
-			return
-		}
-		done := make(chan string)
-		ops <- func() { done <- f(pp) }
-		fmt.Fprintln(w, <-done)
-	}
-	http.HandleFunc("/ready", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	http.HandleFunc("/cut", func(w http.ResponseWriter, r *http.Request) {
-		how := r.URL.Query().Get("how")
-		if how != "blackhole" && how != "drop" {
-			http.Error(w, "how: blackhole or drop", http.StatusBadRequest)
-			return
-		}
-		do(w, r, func(pp *path) string {
-			n := pp.p.Conns()
-			if how == "drop" {
-				pp.p.Drop(true)
-			} else {
-				pp.p.Blackhole(true)
-			}
-			pp.how = how
-			return fmt.Sprintf("%s cut (%s, %d connections)", pp.name, how, n)
-		})
-	})
-	http.HandleFunc("/restore", func(w http.ResponseWriter, r *http.Request) {
-		do(w, r, func(pp *path) string {
-			switch pp.how {
-			case "drop":
-				pp.p.Drop(false)
-			case "blackhole":
-				pp.p.Blackhole(false)
-			}
-			pp.how = ""
-			return pp.name + " restored"
-		})
-	})
 	if *samples != "" {
 		f, err := os.Create(*samples)
 		if err != nil {
 			fatal("%v", err)
 		}
-		go func() {
-			w := bufio.NewWriter(f)
-			for t := range time.Tick(250 * time.Millisecond) {
-				for _, pp := range order {
-					fmt.Fprintf(w, "%d\t%s\t%d\n", t.UnixMilli(), pp.name, pp.p.Bytes.Load())
-				}
-				w.Flush()
-			}
-		}()
+		go ps.sample(f, 250*time.Millisecond)
 	}
-	srv := &http.Server{Addr: *ctl, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 		<-sig
-		for _, pp := range order {
-			pp.p.Close()
-		}
+		ps.Close()
 		os.Exit(0)
 	}()
+	srv := &http.Server{Addr: *ctl, Handler: ps, ReadHeaderTimeout: 5 * time.Second}
 	if err := srv.ListenAndServe(); err != nil {
 		fatal("control: %v", err)
 	}

@@ -38,7 +38,10 @@ type conn struct {
 	rel  uint16 // relative target port identifier
 	rd   pdu.Reader
 	br   *bufio.Reader // rd's buffer: Buffered() feeds scsi.Task.More
-	bw   *bufio.Writer
+	bw   *sendBuf
+	// held are written items whose data bw still references: their
+	// buffers are released, and their then run, after the next flush.
+	held []*out
 
 	// Writer queue. INVARIANT: items are written in queue order; only
 	// the writer goroutine touches bw, statSN and dig after login.
@@ -65,7 +68,7 @@ type conn struct {
 const queueLimit = 256
 
 func newConn(s *Server, nc net.Conn, tpgt, rel uint16) *conn {
-	c := &conn{s: s, nc: nc, tpgt: tpgt, rel: rel, bw: bufio.NewWriterSize(nc, 256<<10), wdone: make(chan struct{})}
+	c := &conn{s: s, nc: nc, tpgt: tpgt, rel: rel, bw: newSendBuf(nc), wdone: make(chan struct{})}
 	c.br = bufio.NewReaderSize(nc, 64<<10)
 	c.rd = pdu.Reader{R: c.br, MaxData: pdu.DefaultMaxRecvDataSegmentLength}
 	c.qcond.L = &c.qmu
@@ -188,7 +191,7 @@ func (c *conn) writer() {
 		for len(c.q) == 0 && !c.qclosed {
 			if !failed && c.bw.Buffered() > 0 {
 				c.qmu.Unlock()
-				if err := c.bw.Flush(); err != nil {
+				if err := c.flush(); err != nil {
 					failed = true
 					c.nc.Close()
 				}
@@ -200,8 +203,9 @@ func (c *conn) writer() {
 		if len(c.q) == 0 {
 			c.qmu.Unlock()
 			if !failed {
-				c.bw.Flush()
+				c.flush()
 			}
+			c.finishHeld()
 			return
 		}
 		batch := c.q
@@ -215,18 +219,51 @@ func (c *conn) writer() {
 					c.nc.Close()
 				}
 			}
-			if o.res != nil {
-				o.res.Release()
-			}
-			if o.then != nil {
-				o.then()
+			if c.bw.Refs() > 0 && !failed {
+				// Its data (or an earlier item's) is still referenced:
+				// done after the flush, in queue order.
+				c.held = append(c.held, o)
+			} else {
+				c.finishHeld()
+				finishItem(o)
 			}
 			if o.closeAfter && !failed {
-				c.bw.Flush()
+				c.flush()
 				failed = true // nothing more goes out
 				c.nc.Close()
 			}
 		}
+		if failed {
+			c.finishHeld()
+		}
+	}
+}
+
+// flush writes what bw gathered, then finishes the items it referenced.
+// Only the writer goroutine (or login, before it starts) calls it.
+func (c *conn) flush() error {
+	err := c.bw.Flush()
+	c.finishHeld()
+	return err
+}
+
+// finishHeld finishes the held items (after a flush, or when nothing more
+// will be written).
+func (c *conn) finishHeld() {
+	for k, o := range c.held {
+		finishItem(o)
+		c.held[k] = nil
+	}
+	c.held = c.held[:0]
+}
+
+// finishItem releases a written item's result buffer and runs its then.
+func finishItem(o *out) {
+	if o.res != nil {
+		o.res.Release()
+	}
+	if o.then != nil {
+		o.then()
 	}
 }
 
@@ -296,7 +333,9 @@ func (c *conn) writePDU(h pdu.PDU, data []byte, status bool) error {
 	if len(data) == 0 {
 		return nil
 	}
-	if _, err := c.bw.Write(data); err != nil {
+	if len(data) >= refMin {
+		c.bw.Ref(data) // not copied: see sendBuf, writer's held
+	} else if _, err := c.bw.Write(data); err != nil {
 		return err
 	}
 	var pad [3]byte
@@ -312,6 +351,9 @@ func (c *conn) writePDU(h pdu.PDU, data []byte, status bool) error {
 		if _, err := c.bw.Write(d[:]); err != nil {
 			return err
 		}
+	}
+	if c.bw.Buffered() >= flushAt {
+		return c.flush()
 	}
 	return nil
 }

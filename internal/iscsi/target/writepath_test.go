@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
+	"github.com/vmsan/vmsan/internal/scsi"
 )
 
 // sendPooled is ini.send through a reused buffer, so that the client side
@@ -90,7 +91,7 @@ func TestWritePathNoCopy(t *testing.T) {
 		if r := i.writeBurst(&buf, 1, payload, mrdsl, firstBurst); r != wantR2T {
 			t.Errorf("%d-byte write: %d R2Ts, want %d", n, r, wantR2T)
 		}
-		if !bytes.Equal(ts.lu.disk[:n], payload) {
+		if !ts.lu.equal(payload) {
 			t.Fatalf("%d-byte write: data differs", n)
 		}
 		const runs = 50
@@ -107,6 +108,63 @@ func TestWritePathNoCopy(t *testing.T) {
 		// buffer re-allocated now and then), and small headers remain.
 		if limit := max(float64(n)/4, 8192); perOp > limit {
 			t.Errorf("%d-byte write: %.0f heap bytes per command, want <= %.0f", n, perOp, limit)
+		}
+	}
+}
+
+// poisonLU is a ramLU whose results scribble over their data-in when
+// released, as a pooled buffer's next user would.
+type poisonLU struct{ *ramLU }
+
+func (l poisonLU) Execute(t *scsi.Task, done func(*scsi.Result)) {
+	l.ramLU.Execute(t, func(r *scsi.Result) {
+		r.SetRelease(func() {
+			for k := range r.DataIn {
+				r.DataIn[k] = 0xee
+			}
+		})
+		done(r)
+	})
+}
+
+// TestDataInNotCopiedReleasedAfterWrite: long Data-In segments go to the
+// socket from the logical unit's buffer (sendBuf.Ref, no copy), so the
+// writer may release a result only once its bytes have been written:
+// several reads in flight, each released buffer poisoned, must all
+// arrive intact.
+func TestDataInNotCopiedReleasedAfterWrite(t *testing.T) {
+	var lu poisonLU
+	ts := startServer(t, func(_ *Config, tg *Target) {
+		lu = poisonLU{tg.LUs.(*ramLU)}
+		tg.LUs = lu
+	})
+	i := dial(t, ts.addr)
+	i.login("MaxRecvDataSegmentLength", "65536", "InitialR2T", "No", "ImmediateData", "Yes")
+	// Under flushAt each: several results gather in one flush.
+	const n = 256 << 10
+	payload := make([]byte, n)
+	for k := range payload {
+		payload[k] = byte(k*31 + 7)
+	}
+	buf := make([]byte, 0, 2<<20)
+	i.writeBurst(&buf, 1, payload, 8192, 65536)
+	const reads = 6
+	for k := uint32(0); k < reads; k++ {
+		i.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 10 + k, ExpectedDataTransferLength: n, CmdSN: i.cmdSN, CDB: readCDB(0, n/512)}, nil)
+		i.cmdSN++
+	}
+	got := map[uint32][]byte{}
+	for done := 0; done < reads; {
+		di, f := expect[*pdu.DataIn](i)
+		if int(di.BufferOffset) != len(got[di.ITT]) {
+			t.Fatalf("ITT %d: Data-In at %d after %d bytes", di.ITT, di.BufferOffset, len(got[di.ITT]))
+		}
+		got[di.ITT] = append(got[di.ITT], f.Data...)
+		if di.HasStatus {
+			done++
+			if !bytes.Equal(got[di.ITT], payload) {
+				t.Fatalf("ITT %d: read data differs (released before it was written?)", di.ITT)
+			}
 		}
 	}
 }

@@ -169,7 +169,9 @@ func (r *Reader) Read() (Frame, error) {
 	}
 	// Decoded before the data segment is read, so that DataBuffer sees
 	// the header; a PDU that fails to decode is still consumed whole.
-	h, herr := Decode(f.BHS[:])
+	// From r.hdr, not f.BHS: Decode's interface call would move f to
+	// the heap (no PDU keeps a slice of the bytes it decodes).
+	h, herr := Decode(r.hdr[:BHSLen])
 	dl := int(l.DataSegmentLength)
 	var derr error
 	if dl > 0 {

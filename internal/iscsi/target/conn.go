@@ -27,6 +27,9 @@ type out struct {
 
 	closeAfter bool // close the connection once this is written
 	then       func()
+	// finished, when set, has its finish(task) called after then: a
+	// completed command's end, without a closure per command.
+	finished *session
 }
 
 // conn is one TCP connection: its login, then its session's full feature
@@ -53,6 +56,11 @@ type conn struct {
 	statSN   uint32
 	dig      pdu.Digests
 	peerMax  int // initiator's MaxRecvDataSegmentLength: Data-In/Text/NOP-In segment bound
+	spare    []*out // the writer's previous batch, reused as the next queue
+	// The writer's scratch headers for results (no allocation per PDU).
+	di  pdu.DataIn
+	rsp pdu.SCSIResponse
+	hdr [pdu.BHSLen + pdu.DigestLen]byte // writePDU's (Encode's interface call would move a local to the heap)
 	burstMax int // negotiated MaxBurstLength: Data-In sequence bound
 
 	lastRecv atomic.Int64 // unix nanos of the last PDU read
@@ -167,6 +175,9 @@ func (c *conn) push(o *out) {
 		if o.then != nil {
 			o.then()
 		}
+		if o.finished != nil {
+			o.finished.finish(o.task)
+		}
 		return
 	}
 	c.q = append(c.q, o)
@@ -209,7 +220,7 @@ func (c *conn) writer() {
 			return
 		}
 		batch := c.q
-		c.q = nil
+		c.q = c.spare[:0]
 		c.space.Broadcast()
 		c.qmu.Unlock()
 		for _, o := range batch {
@@ -236,6 +247,8 @@ func (c *conn) writer() {
 		if failed {
 			c.finishHeld()
 		}
+		clear(batch)
+		c.spare = batch
 	}
 }
 
@@ -264,6 +277,9 @@ func finishItem(o *out) {
 	}
 	if o.then != nil {
 		o.then()
+	}
+	if o.finished != nil {
+		o.finished.finish(o.task)
 	}
 }
 
@@ -318,7 +334,7 @@ func (c *conn) writePDU(h pdu.PDU, data []byte, status bool) error {
 	l := h.Framing()
 	l.TotalAHSLength = 0
 	l.DataSegmentLength = uint32(len(data))
-	var hdr [pdu.BHSLen + pdu.DigestLen]byte
+	hdr := &c.hdr
 	if err := h.Encode(hdr[:pdu.BHSLen]); err != nil {
 		return err
 	}
@@ -382,7 +398,8 @@ func (c *conn) writeResult(t *task, r *scsi.Result) error {
 			n = rem
 		}
 		last := off+n == len(data)
-		di := &pdu.DataIn{LUN: t.rawLUN, ITT: t.itt, TTT: pdu.ReservedTag, DataSN: dataSN,
+		di := &c.di
+		*di = pdu.DataIn{LUN: t.rawLUN, ITT: t.itt, TTT: pdu.ReservedTag, DataSN: dataSN,
 			BufferOffset: uint32(off), Final: last || (off+n)%c.burstMax == 0}
 		if last && piggy {
 			di.HasStatus, di.Final, di.Status = true, true, pdu.SCSIStatus(r.Status)
@@ -398,7 +415,8 @@ func (c *conn) writeResult(t *task, r *scsi.Result) error {
 	if piggy {
 		return nil
 	}
-	rsp := &pdu.SCSIResponse{ITT: t.itt, Status: pdu.SCSIStatus(r.Status), ExpDataSN: dataSN,
+	rsp := &c.rsp
+	*rsp = pdu.SCSIResponse{ITT: t.itt, Status: pdu.SCSIStatus(r.Status), ExpDataSN: dataSN,
 		Overflow: r.Overflow, Underflow: r.Underflow, ResidualCount: r.Residual}
 	if !r.Overflow && !r.Underflow {
 		rsp.ResidualCount = 0

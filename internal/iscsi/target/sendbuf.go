@@ -19,6 +19,7 @@ type sendBuf struct {
 	arena []byte
 	mark  int // arena[mark:] is not yet in iov
 	iov   net.Buffers
+	wv    net.Buffers // WriteTo's receiver (a field: a local would escape)
 	n     int // bytes pending
 	refs  int // referenced segments pending
 }
@@ -71,8 +72,9 @@ func (b *sendBuf) Flush() error {
 		return nil
 	}
 	b.cut()
-	v := b.iov // WriteTo consumes its receiver; b.iov keeps the backing array
-	_, err := v.WriteTo(b.w)
+	b.wv = b.iov // WriteTo consumes its receiver; b.iov keeps the backing array
+	_, err := b.wv.WriteTo(b.w)
+	b.wv = nil
 	clear(b.iov) // drop references to released buffers
 	b.iov = b.iov[:0]
 	b.arena = b.arena[:0]

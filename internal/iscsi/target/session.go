@@ -78,6 +78,13 @@ type task struct {
 	executing bool
 	aborted   bool // INVARIANT: read and written under session.mu
 	done      chan struct{}
+
+	// Storage that saves allocations per command: the CDB when no AHS
+	// extends it, the Task handed to the logical units, the result's
+	// writer item.
+	cdbArr [16]byte
+	st     scsi.Task
+	out    out
 }
 
 // r2t is one outstanding R2T.
@@ -397,7 +404,13 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		return bad(pdu.RejectInvalidPDUField)
 	}
 	t := &task{itt: h.ITT, rawLUN: h.LUN, lun: decodeLUN(h.LUN), counted: counted,
-		cdb: pdu.FullCDB(h, ahs), attr: scsiAttr(h.Attr), done: make(chan struct{})}
+		attr: scsiAttr(h.Attr), done: make(chan struct{})}
+	if len(ahs) == 0 {
+		t.cdbArr = h.CDB
+		t.cdb = t.cdbArr[:]
+	} else {
+		t.cdb = pdu.FullCDB(h, ahs)
+	}
 	if h.Write {
 		t.expOut = edtl
 		if h.Read {
@@ -569,10 +582,10 @@ func (ss *session) execute(t *task) {
 	// More: another PDU is already buffered (likely the next command),
 	// the engine's write-gathering hint, as on the NBD path. Only the
 	// reader goroutine calls execute, so reading br is safe.
-	st := &scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
+	t.st = scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
 		DataOut: t.buf, ExpectedOut: t.expOut, ExpectedIn: t.expIn,
 		More: ss.c.br.Buffered() >= pdu.BHSLen}
-	ss.target.LUs.Execute(st, func(r *scsi.Result) { ss.complete(t, r) })
+	ss.target.LUs.Execute(&t.st, func(r *scsi.Result) { ss.complete(t, r) })
 }
 
 // complete is the LogicalUnits' done callback: it queues the result
@@ -591,22 +604,26 @@ func (ss *session) complete(t *task, r *scsi.Result) {
 	// The logical units are done with DataOut once they call done.
 	volrt.PutBuf(t.bufp)
 	t.buf, t.bufp = nil, nil
+	t.st.DataOut = nil
 	ss.mu.Unlock()
-	finish := func() {
-		close(t.done)
-		if t.counted {
-			ss.slotDone()
-		}
-		ss.mu.Lock()
-		ss.cond.Broadcast()
-		ss.mu.Unlock()
-	}
 	if aborted {
 		r.Release()
-		finish()
+		ss.finish(t)
 		return
 	}
-	ss.c.post(&out{task: t, res: r, then: finish})
+	t.out = out{task: t, res: r, finished: ss}
+	ss.c.post(&t.out)
+}
+
+// finish ends a completed task once its result is written (or dropped).
+func (ss *session) finish(t *task) {
+	close(t.done)
+	if t.counted {
+		ss.slotDone()
+	}
+	ss.mu.Lock()
+	ss.cond.Broadcast()
+	ss.mu.Unlock()
 }
 
 // abortTasks marks the matching tasks aborted: those still collecting

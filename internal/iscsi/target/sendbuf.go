@@ -20,8 +20,8 @@ type sendBuf struct {
 	mark  int // arena[mark:] is not yet in iov
 	iov   net.Buffers
 	wv    net.Buffers // WriteTo's receiver (a field: a local would escape)
-	n     int // bytes pending
-	refs  int // referenced segments pending
+	n     int         // bytes pending
+	refs  int         // referenced segments pending
 }
 
 // refMin is the shortest data segment referenced rather than copied:

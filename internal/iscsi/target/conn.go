@@ -48,20 +48,20 @@ type conn struct {
 
 	// Writer queue. INVARIANT: items are written in queue order; only
 	// the writer goroutine touches bw, statSN and dig after login.
-	qmu     sync.Mutex
-	qcond   sync.Cond // writer waits for items
-	space   sync.Cond // reader waits for room (reader-originated items only)
-	q       []*out
-	qclosed bool
-	statSN  uint32
-	dig     pdu.Digests
-	peerMax int    // initiator's MaxRecvDataSegmentLength: Data-In/Text/NOP-In segment bound
-	spare   []*out // the writer's previous batch, reused as the next queue
+	qmu      sync.Mutex
+	qcond    sync.Cond // writer waits for items
+	space    sync.Cond // reader waits for room (reader-originated items only)
+	q        []*out
+	qclosed  bool
+	statSN   uint32
+	dig      pdu.Digests
+	peerMax  int    // initiator's MaxRecvDataSegmentLength: Data-In/Text/NOP-In segment bound
+	burstMax int    // negotiated MaxBurstLength: Data-In sequence bound
+	spare    []*out // the writer's previous batch, reused as the next queue
 	// The writer's scratch headers for results (no allocation per PDU).
-	di       pdu.DataIn
-	rsp      pdu.SCSIResponse
-	hdr      [pdu.BHSLen + pdu.DigestLen]byte // writePDU's (Encode's interface call would move a local to the heap)
-	burstMax int                              // negotiated MaxBurstLength: Data-In sequence bound
+	di  pdu.DataIn
+	rsp pdu.SCSIResponse
+	hdr [pdu.BHSLen + pdu.DigestLen]byte // writePDU's (Encode's interface call would move a local to the heap)
 
 	lastRecv atomic.Int64 // unix nanos of the last PDU read
 	draining atomic.Bool  // Shutdown: stop taking commands, close when idle

@@ -145,6 +145,11 @@ func badRows() []badRow {
 			bhs[0] = 0x1c
 			r.write(bhs)
 			r.expectReject(pdu.RejectCommandNotSupported, bhs)
+			// With a data segment: the target skips it (the lengths are
+			// where every opcode has them) and stays in step.
+			bhs[7] = 101
+			r.write(append(bhs, make([]byte, 104)...))
+			r.expectReject(pdu.RejectCommandNotSupported, bhs)
 			r.tur()
 		}},
 		{"ffp/target opcode", func(t *testing.T, a string) {

@@ -313,6 +313,26 @@ func badRows() []badRow {
 			r.tur()
 		}},
 
+		{"ffp/data digest error on a solicited Data-Out", func(t *testing.T, a string) {
+			r := ffp(t, a, "DataDigest", "CRC32C", "InitialR2T", "Yes")
+			c := r.cmd(write10(0, 16), false, true, 8192)
+			r.send(c, nil)
+			r2t, _ := expectPDU[*pdu.R2T](r)
+			if r2t.DesiredDataTransferLength != 8192 {
+				t.Fatalf("R2T %+v", r2t)
+			}
+			d1 := r.encode(&pdu.DataOut{ITT: c.ITT, TTT: r2t.TTT, DataSN: 0, BufferOffset: 0}, make([]byte, 4096))
+			d1[len(d1)-2] ^= 0xff
+			r.write(d1)
+			r.expectReject(pdu.RejectDataDigestError, d1)
+			r.send(&pdu.DataOut{Final: true, ITT: c.ITT, TTT: r2t.TTT, DataSN: 1, BufferOffset: 4096}, make([]byte, 4096))
+			st, sense := r.scsiStatus(c.ITT)
+			if st != pdu.StatusCheckCondition || senseKey(sense) != "b/47/05" {
+				t.Fatalf("WRITE after a Data-Out digest error: %v %s, want CHECK CONDITION b/47/05", st, senseKey(sense))
+			}
+			r.tur()
+		}},
+
 		// Data transfer.
 		{"ffp/immediate data over FirstBurstLength", func(t *testing.T, a string) {
 			r := ffp(t, a)

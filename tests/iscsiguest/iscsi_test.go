@@ -47,17 +47,56 @@ func guestLogin(t *testing.T, guest, kind string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Close)
+	env := map[string]string{
+		"PORTAL": guestPortal(cp.Addr()), "IQN": tg.IQN,
+		"CHAP_USER": tg.User, "CHAP_SECRET": tg.Secret, "BAD_SECRET": tg.Secret + "-wrong",
+		"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
+		// The session must outlive the kill -9 restart of the target
+		// (open-iscsi fails its I/O after this many seconds without a
+		// connection).
+		"REPLACEMENT_TIMEOUT": "60",
+	}
+	if tg.DiscUser != "" {
+		env["DISC_USER"], env["DISC_SECRET"], env["DISC_BAD_SECRET"] = tg.DiscUser, tg.DiscSecret, tg.DiscSecret+"-wrong"
+		env["DISC_MUTUAL_USER"], env["DISC_MUTUAL_SECRET"] = tg.DiscMutualUser, tg.DiscMutualSecret
+	}
+	var restartErr error
 	res := bootGuest(t, guest, guestRun{
 		Script: "login.sh",
-		Env: map[string]string{
-			"PORTAL": guestPortal(cp.Addr()), "IQN": tg.IQN,
-			"CHAP_USER": tg.User, "CHAP_SECRET": tg.Secret, "BAD_SECRET": tg.Secret + "-wrong",
-			"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
+		Env:    env,
+		// The guest asks for the target's restarts (after logout:
+		// graceful; later kill -9 with a session logged in) and waits
+		// for the answer.
+		Answer: func(l string) string {
+			kill := l == "ASK KILL"
+			if l != "ASK RESTART" && !kill {
+				return ""
+			}
+			if tg.Restart == nil {
+				return "SKIP"
+			}
+			start := time.Now()
+			if err := tg.Restart(kill); err != nil {
+				restartErr = err
+				return "FAILED"
+			}
+			t.Logf("target restarted (kill=%v) in %v", kill, time.Since(start).Round(time.Millisecond))
+			return map[bool]string{false: "RESTARTED", true: "KILLED"}[kill]
 		},
 	})
-	for _, want := range []string{"TOOLS-OK", "DISCOVERY-OK", "CHAP-REFUSED", "LOGIN-OK", "VPD83-NAA", "PR-OK", "PATTERN-OK", "DISCARD-OK", "LOGOUT-OK"} {
-		if !res.has(want) {
-			t.Fatalf("guest did not report %s; its lines:\n  %s", want, strings.Join(res.Lines, "\n  "))
+	if restartErr != nil {
+		t.Fatal(restartErr)
+	}
+	want := []string{"TOOLS-OK", "DISCOVERY-OK", "CHAP-REFUSED", "LOGIN-OK", "VPD83-NAA", "PR-OK", "PATTERN-OK", "DISCARD-OK", "LOGOUT-OK", "SMALL-BURST-OK"}
+	if tg.DiscUser != "" {
+		want = append(want, "DISC-CHAP-REFUSED")
+	}
+	if tg.Restart != nil {
+		want = append(want, "RESTART-OK", "KILL-OK")
+	}
+	for _, w := range want {
+		if !res.has(w) {
+			t.Fatalf("guest did not report %s; its lines:\n  %s", w, strings.Join(res.Lines, "\n  "))
 		}
 	}
 	if got, want := res.line("INQUIRY"), "INQUIRY vendor="+tg.Vendor+" product="+tg.Product; got != want {
@@ -84,6 +123,12 @@ func guestLogin(t *testing.T, guest, kind string) {
 	}
 	if !bytes.Equal(img[10*MiB:12*MiB], pattern[2*MiB:]) {
 		t.Errorf("backing file at 10-12 MiB (after the discarded range) is not the pattern's second half")
+	}
+	if tg.Restart != nil && !bytes.Equal(img[16*MiB:20*MiB], pattern) {
+		t.Errorf("backing file at 16 MiB (written before kill -9) is not the pattern")
+	}
+	if !bytes.Equal(img[20*MiB:20*MiB+2048], pattern[:2048]) {
+		t.Errorf("backing file at 20 MiB (the small-burst session's write) is not the pattern's first 2 KiB")
 	}
 }
 

@@ -27,14 +27,23 @@ type target struct {
 	IQN     string
 	User    string // CHAP (one-way) account
 	Secret  string
-	Vendor  string // what INQUIRY answers: the multipath.conf device section matches it
-	Product string
-	Backing string // the file behind the LU, "" if unknown (external)
-	ALUA    bool   // implicit ALUA, all ports active/optimized (tgt: no)
-	Size    int64
+	// DiscUser/DiscSecret: the CHAP account discovery sessions need, ""
+	// where discovery is open (tgt 1.0.85 has no discovery CHAP: its
+	// accounts bind to targets, and tid 0 is none); DiscMutualUser/
+	// DiscMutualSecret: the target's answer for mutual CHAP, if any.
+	DiscUser, DiscSecret             string
+	DiscMutualUser, DiscMutualSecret string
+	Vendor                           string // what INQUIRY answers: the multipath.conf device section matches it
+	Product                          string
+	Backing                          string // the file behind the LU, "" if unknown (external)
+	ALUA                             bool   // implicit ALUA, all ports active/optimized (tgt: no)
+	Size                             int64
 	// Stop, if set, stops the target gracefully (idempotent) so that the
 	// backing file is complete before the host reads it.
 	Stop func()
+	// Restart, if set, stops the target (gracefully, or with SIGKILL when
+	// kill is true) and starts it again on the same data and portals.
+	Restart func(kill bool) error
 }
 
 // targetKinds are the targets the guest tests run against, each as a

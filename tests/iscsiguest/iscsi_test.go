@@ -348,6 +348,15 @@ func checkCapture(t *testing.T, cp *capProxy, tg *target) {
 		}
 		t.Logf("capture written to %s", path)
 	}
+	// VMSAN_ISCSI_GOLDEN=DIR (internal/iscsi/pdu/testdata) writes the
+	// connections that make golden vectors, one file each.
+	if dir := os.Getenv("VMSAN_ISCSI_GOLDEN"); dir != "" {
+		names, err := writeGolden(dir, tg.Kind, strings.TrimPrefix(toolVersion("iscsiadm", "--version"), "iscsiadm version "), pdus)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("golden vectors written to %s: %s", dir, strings.Join(names, " "))
+	}
 }
 
 func toolVersion(tool string, args ...string) string {

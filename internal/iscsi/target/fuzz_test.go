@@ -1,8 +1,12 @@
 package target
 
 import (
+	"encoding/hex"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +30,16 @@ func FuzzSession(f *testing.F) {
 	f.Add(fuzzPDU(&pdu.TextRequest{Final: true, ITT: 5, TTT: pdu.ReservedTag, CmdSN: 1}, keys("SendTargets", "All")))
 	f.Add(fuzzPDU(&pdu.LogoutRequest{ITT: 6, CmdSN: 1}, nil))
 	f.Add(fuzzPDU(&pdu.SNACKRequest{ITT: 7}, nil))
+	// What open-iscsi sent in full feature phase of a real session
+	// (internal/iscsi/pdu's golden vectors): its SCSI scan, a write with
+	// immediate data and Data-Outs for R2Ts, a read, NOP-Out pings,
+	// SYNCHRONIZE CACHE, logout. Its CmdSNs and TTTs are those of the
+	// captured session, so the target also meets stale numbers.
+	if s, err := openiscsiStream(filepath.Join("..", "pdu", "testdata", "openiscsi-vmsan-session-chap-small-burst.txt")); err != nil {
+		f.Fatal(err)
+	} else {
+		f.Add(s)
+	}
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		lu := newRAMLU(1 << 20)
 		srv := New(Config{
@@ -51,4 +65,30 @@ func FuzzSession(f *testing.F) {
 			t.Fatal("session did not end after the initiator closed")
 		}
 	})
+}
+
+// openiscsiStream returns the initiator's PDUs after its last Login
+// Request in a stored capture ("C hex" lines), concatenated.
+func openiscsiStream(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var stream []byte
+	for _, l := range strings.Split(string(b), "\n") {
+		dir, h, ok := strings.Cut(l, " ")
+		if !ok || dir != "C" {
+			continue
+		}
+		p, err := hex.DecodeString(h)
+		if err != nil {
+			return nil, err
+		}
+		if len(p) > 0 && pdu.Opcode(p[0]&0x3f) == pdu.OpLoginReq {
+			stream = stream[:0]
+			continue
+		}
+		stream = append(stream, p...)
+	}
+	return stream, nil
 }

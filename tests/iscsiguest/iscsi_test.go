@@ -21,15 +21,25 @@ const MiB = 1 << 20
 
 // TestGuestLogin: Linux's initiator in the guest against the target over
 // one path. The guest (testdata/login.sh) checks that every program the
-// image carries starts, discovers the target, is refused
-// with a wrong CHAP secret, logs in with the right one, checks INQUIRY
-// (vendor/product), VPD 0x83 (an NAA designator), persistent reservations
-// (register, reserve, read, release, unregister), writes scripts/guest's
-// 4 MiB pattern at 1 MiB with O_DIRECT and reads it back, writes it again
-// at 8 MiB and discards the first 2 MiB of that, and logs out. The host
-// then checks the backing file: the pattern at 1 MiB, zeroes where the
-// discard went, the pattern's second half after it. All of it passes a
-// capturing proxy, and vmsan's PDU codec must read every PDU (checkCapture).
+// image carries starts, discovers the target (with mutual CHAP where the
+// target has a discovery account: vmsan; a wrong secret is refused first
+// and lists nothing), is refused with a wrong CHAP secret, logs in with
+// the right one, checks INQUIRY (vendor/product), VPD 0x83 (an NAA
+// designator), persistent reservations (register, reserve, read, release,
+// unregister), writes scripts/guest's 4 MiB pattern at 1 MiB with O_DIRECT
+// and reads it back, writes it again at 8 MiB and discards the first 2 MiB
+// of that, and logs out. Where the target can be restarted (vmsan), the
+// guest then asks the host to restart it (SIGTERM, the same data
+// directory), logs in and reads the pattern back; writes it at 16 MiB
+// with fsync and asks for kill -9 and a start while its session is logged
+// in, and reads both patterns back through the recovered session. Last, a
+// short session with 512-byte bursts and segments (a 2 KiB write and
+// read, idle NOP-Outs) for the golden vectors. The host then checks the
+// backing file: the pattern at 1 and 16 MiB, zeroes where the discard
+// went, the pattern's second half after it, the 2 KiB at 20 MiB. All of it
+// passes a capturing proxy, and vmsan's PDU codec must read every PDU
+// (checkCapture); VMSAN_ISCSI_GOLDEN=DIR writes the connections that make
+// golden vectors (internal/iscsi/pdu/testdata/openiscsi-*.txt).
 func TestGuestLogin(t *testing.T) {
 	guest := buildGuest(t)
 	for _, kind := range targetKinds() {
@@ -310,6 +320,11 @@ func checkCapture(t *testing.T, cp *capProxy, tg *target) {
 	}
 	count := map[pdu.Opcode]int{}
 	var sendTargets, chapName, refused bool
+	// Discovery CHAP: a connection that sent CHAP_N of the discovery
+	// account and was refused (the wrong secret, not a login without
+	// CHAP), and the target's mutual answer (its CHAP_N) on another.
+	discCHAPConn := map[int]bool{}
+	var discRefusedAfterCHAP, discMutual bool
 	for _, p := range pdus {
 		count[p.Frame.Header.Opcode()]++
 		switch h := p.Frame.Header.(type) {
@@ -317,9 +332,18 @@ func checkCapture(t *testing.T, cp *capProxy, tg *target) {
 			sendTargets = sendTargets || bytes.Contains(p.Frame.Data, []byte("SendTargets=All\x00"))
 		case *pdu.LoginRequest:
 			chapName = chapName || bytes.Contains(p.Frame.Data, []byte("CHAP_N="+tg.User+"\x00"))
+			if tg.DiscUser != "" && bytes.Contains(p.Frame.Data, []byte("CHAP_N="+tg.DiscUser+"\x00")) {
+				discCHAPConn[p.Conn] = true
+			}
 		case *pdu.LoginResponse:
 			refused = refused || h.Status == pdu.LoginAuthenticationFailure
+			discRefusedAfterCHAP = discRefusedAfterCHAP || (discCHAPConn[p.Conn] && h.Status == pdu.LoginAuthenticationFailure)
+			discMutual = discMutual || (tg.DiscMutualUser != "" && discCHAPConn[p.Conn] &&
+				bytes.Contains(p.Frame.Data, []byte("CHAP_N="+tg.DiscMutualUser+"\x00")))
 		}
+	}
+	if tg.DiscUser != "" && (!discRefusedAfterCHAP || (tg.DiscMutualUser != "" && !discMutual)) {
+		t.Errorf("discovery CHAP: refused after CHAP_N=%s: %v; target answered CHAP_N=%s: %v", tg.DiscUser, discRefusedAfterCHAP, tg.DiscMutualUser, discMutual)
 	}
 	var summary []string
 	for op, n := range count {

@@ -288,7 +288,7 @@ func goldenConns(kind string, pdus []capPDU) []goldenConn {
 		case refused:
 			add("login"+auth+"-refused", "normal session with a wrong CHAP secret: refused (0201)", ps)
 		case keys["FirstBurstLength"] == "512":
-			add("session"+auth+"-small-burst", "a whole normal session with FirstBurstLength, MaxBurstLength and MaxRecvDataSegmentLength 512: the SCSI scan, a 2 KiB write (immediate data, R2T, Data-Out), a 2 KiB read (Data-In), NOP-Out/NOP-In, SYNCHRONIZE CACHE, logout", ps)
+			add("session"+auth+"-small-burst", "a whole normal session with FirstBurstLength, MaxBurstLength and MaxRecvDataSegmentLength 512: the SCSI scan, a 2 KiB write (immediate data, R2T, Data-Out), a 2 KiB read (Data-In), NOP-Out/NOP-In, a LUN RESET (sg_reset -d), SYNCHRONIZE CACHE, logout", ps)
 		case first.ISID == lastISID && !taken["session-reinstated"]:
 			add("session-reinstated", "the login of a session coming back on its own after the target was killed (kill -9) and restarted: the same ISID, TSIH 0", ps[:login])
 		default:

@@ -33,8 +33,8 @@ const MiB = 1 << 20
 // directory), logs in and reads the pattern back; writes it at 16 MiB
 // with fsync and asks for kill -9 and a start while its session is logged
 // in, and reads both patterns back through the recovered session. Last, a
-// short session with 512-byte bursts and segments (a 2 KiB write and
-// read, idle NOP-Outs) for the golden vectors. The host then checks the
+// short session with mutual CHAP and 512-byte bursts and segments (a 2 KiB
+// write and read, idle NOP-Outs, a LUN RESET) for the golden vectors. The host then checks the
 // backing file: the pattern at 1 and 16 MiB, zeroes where the discard
 // went, the pattern's second half after it, the 2 KiB at 20 MiB. All of it
 // passes a capturing proxy, and vmsan's PDU codec must read every PDU
@@ -65,6 +65,9 @@ func guestLogin(t *testing.T, guest, kind string) {
 		// (open-iscsi fails its I/O after this many seconds without a
 		// connection).
 		"REPLACEMENT_TIMEOUT": "60",
+	}
+	if tg.MutualUser != "" {
+		env["MUTUAL_USER"], env["MUTUAL_SECRET"] = tg.MutualUser, tg.MutualSecret
 	}
 	if tg.DiscUser != "" {
 		env["DISC_USER"], env["DISC_SECRET"], env["DISC_BAD_SECRET"] = tg.DiscUser, tg.DiscSecret, tg.DiscSecret+"-wrong"

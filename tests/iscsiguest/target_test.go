@@ -27,6 +27,9 @@ type target struct {
 	IQN     string
 	User    string // CHAP (one-way) account
 	Secret  string
+	// MutualUser/MutualSecret: the target's answer when the initiator
+	// asks for mutual CHAP on a normal session ("": none).
+	MutualUser, MutualSecret string
 	// DiscUser/DiscSecret: the CHAP account discovery sessions need, ""
 	// where discovery is open (tgt 1.0.85 has no discovery CHAP: its
 	// accounts bind to targets, and tid 0 is none); DiscMutualUser/
@@ -168,6 +171,7 @@ func startTgt(t *testing.T, size int64) *target {
 	tg := &target{
 		Kind: "tgt", IQN: "iqn.2026-11.org.vmsan.test:tgt", User: "guest", Secret: "vmsan-chap-secret",
 		Vendor: "VMSAN", Product: "vmsan", Backing: backing, Size: size,
+		MutualUser: "tgt-answer", MutualSecret: "tgt-mutual-secret",
 	}
 	// tgtd binds its portal after it started; when the bind fails it
 	// logs it and listens on the default portal instead, so a lost race
@@ -196,6 +200,10 @@ func startTgt(t *testing.T, size int64) *target {
 			adm("--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL")
 			adm("--mode", "account", "--op", "new", "--user", tg.User, "--password", tg.Secret)
 			adm("--mode", "account", "--op", "bind", "--tid", "1", "--user", tg.User)
+			// The outgoing account answers an initiator that asks for
+			// mutual CHAP; logins without it are unaffected.
+			adm("--mode", "account", "--op", "new", "--user", tg.MutualUser, "--password", tg.MutualSecret)
+			adm("--mode", "account", "--op", "bind", "--tid", "1", "--user", tg.MutualUser, "--outgoing")
 			return tg
 		}
 		if attempt == 4 {

@@ -43,8 +43,8 @@ const vmsanNode = "guesttest"
 // iSCSI portals on 127.0.0.1 in portal groups 1 and 2 (the multipath
 // test's two paths: the same logical unit, one relative port and one
 // implicit-ALUA group each, both active/optimized), the CHAP account of
-// startTgt for sessions, a CHAP account with a mutual answer for
-// discovery sessions, and a 2 s NOP-In ping. The ports come from
+// startTgt for sessions with a mutual answer (for initiators that ask), a
+// CHAP account with a mutual answer for discovery sessions, and a 2 s NOP-In ping. The ports come from
 // pickPort's range; a lost race for one (vmsan exits at the failed bind)
 // is retried with others. It is stopped (SIGINT, the graceful drain) in
 // Cleanup or by target.Stop; target.Restart starts it again on the same
@@ -56,7 +56,8 @@ func startVmsan(t *testing.T, size int64) *target {
 	tg := &target{
 		Kind: "vmsan", IQN: "iqn.2026-11.org.vmsan:" + vmsanNode, User: "guest", Secret: "vmsan-chap-secret",
 		Vendor: scsi.DefaultVendor, Product: scsi.DefaultProduct, ALUA: true, Size: size,
-		Backing:  filepath.Join(dir, "data", "volumes", "disk.raw"),
+		Backing:    filepath.Join(dir, "data", "volumes", "disk.raw"),
+		MutualUser: "vmsan-answer", MutualSecret: "vmsan-mutual-secret",
 		DiscUser: "disc", DiscSecret: "vmsan-disc-secret", DiscMutualUser: "vmsan-disc", DiscMutualSecret: "vmsan-disc-answer",
 	}
 	for attempt := 0; ; attempt++ {
@@ -73,10 +74,10 @@ volumes:
 iscsi:
     listen: [{addr: %q, tpgt: 1}, {addr: %q, tpgt: 2}]
     node_name: %s
-    auth: {user: %s, secret: %q}
+    auth: {user: %s, secret: %q, mutual_user: %s, mutual_secret: %q}
     discovery_auth: {user: %s, secret: %q, mutual_user: %s, mutual_secret: %q}
     nop_interval: 2s
-`, filepath.Join(dir, "data"), nbd, size, tg.Portal, tg.Portal2, vmsanNode, tg.User, tg.Secret,
+`, filepath.Join(dir, "data"), nbd, size, tg.Portal, tg.Portal2, vmsanNode, tg.User, tg.Secret, tg.MutualUser, tg.MutualSecret,
 			tg.DiscUser, tg.DiscSecret, tg.DiscMutualUser, tg.DiscMutualSecret)
 		p, ok := runVmsan(t, bin, dir, cfg, tg.Portal, tg.Portal2)
 		if !ok {

@@ -89,7 +89,7 @@ func FuzzReadPDU(f *testing.F) {
 	// the target's (Data-Ins of 512 bytes).
 	for _, dir := range []string{"C", "S"} {
 		var stream []byte
-		for _, l := range loadTranscript(f, "openiscsi-vmsan-session-chap-small-burst.txt") {
+		for _, l := range loadTranscript(f, "openiscsi-vmsan-session-chap-mutual-small-burst.txt") {
 			if d, h, _ := strings.Cut(l, " "); d == dir {
 				b, _ := hex.DecodeString(h)
 				stream = append(stream, b...)

@@ -41,8 +41,10 @@ func openiscsiVectors() []openiscsiVector {
 				oiOperational(t, w, "262144", "262144", "16776192")
 				oiLogout(t, w)
 			}},
-			openiscsiVector{"openiscsi-" + tg + "-session-chap-small-burst.txt", func(t *testing.T, w *walked) {
-				oiCHAP(t, w, "Normal", oiUser, oiSecret, oiSecret+oiWrong)
+			openiscsiVector{"openiscsi-" + tg + "-session-chap-mutual-small-burst.txt", func(t *testing.T, w *walked) {
+				ini := oiCHAP(t, w, "Normal", oiUser, oiSecret, oiSecret+oiWrong)
+				oiMutual(t, w, ini, map[string]string{"vmsan": "vmsan-answer", "tgt": "tgt-answer"}[tg],
+					map[string]string{"vmsan": "vmsan-mutual-secret", "tgt": "tgt-mutual-secret"}[tg])
 				oiOperational(t, w, "512", "512", "512")
 				oiSmallBurst(t, w)
 				oiLogout(t, w)
@@ -60,7 +62,7 @@ func openiscsiVectors() []openiscsiVector {
 		}},
 		openiscsiVector{"openiscsi-vmsan-discovery-chap-mutual.txt", func(t *testing.T, w *walked) {
 			ini := oiCHAP(t, w, "Discovery", oiDiscUser, oiDiscSecret, oiDiscSecret+oiWrong)
-			oiMutual(t, w, ini)
+			oiMutual(t, w, ini, oiDiscTUser, oiDiscTSecret)
 			oiSendTargets(t, w, "iqn.2026-11.org.vmsan:guesttest")
 		}},
 		openiscsiVector{"openiscsi-vmsan-discovery-chap-mutual-refused.txt", func(t *testing.T, w *walked) {
@@ -135,12 +137,17 @@ func oiLogin(t *testing.T, w *walked, sessionType string) map[string]string {
 }
 
 // oiCHAP checks a CHAP security stage: open-iscsi offers AuthMethod
-// CHAP (normal sessions: "CHAP,None"), CHAP_A=5 (MD5), names user, and
+// CHAP (normal sessions without mutual CHAP: "CHAP,None"), CHAP_A=5 (MD5), names user, and
 // its CHAP_R verifies with secret and not with other.
 func oiCHAP(t *testing.T, w *walked, sessionType, user, secret, other string) map[string]string {
 	t.Helper()
 	keys := oiLogin(t, w, sessionType)
-	wantAuth := map[string]string{"Normal": "CHAP,None", "Discovery": "CHAP"}[sessionType]
+	// open-iscsi offers None as a fallback only for a normal session
+	// without mutual CHAP (it must authenticate the target otherwise).
+	wantAuth := "CHAP"
+	if _, mutual := keys["CHAP_C"]; sessionType == "Normal" && !mutual {
+		wantAuth = "CHAP,None"
+	}
 	if keys["AuthMethod"] != wantAuth {
 		t.Errorf("AuthMethod offer %q, want %q", keys["AuthMethod"], wantAuth)
 	}
@@ -172,9 +179,9 @@ func oiCHAP(t *testing.T, w *walked, sessionType, user, secret, other string) ma
 	return keys
 }
 
-// oiMutual checks the target's mutual CHAP answer to open-iscsi's
-// challenge (a 16-byte CHAP_C, open-iscsi's default).
-func oiMutual(t *testing.T, w *walked, ini map[string]string) {
+// oiMutual checks the target's mutual CHAP answer (tuser, computed with
+// tsecret) to open-iscsi's challenge (a 16-byte CHAP_C).
+func oiMutual(t *testing.T, w *walked, ini map[string]string, tuser, tsecret string) {
 	t.Helper()
 	id, err := chap.ParseID(ini["CHAP_I"])
 	if err != nil {
@@ -188,8 +195,8 @@ func oiMutual(t *testing.T, w *walked, ini map[string]string) {
 		t.Errorf("open-iscsi's challenge is %d bytes, want 16", len(c))
 	}
 	tgt := allKeys[*LoginResponse](w, "S")
-	want := chap.Response(id, []byte(oiDiscTSecret), c)
-	if tgt["CHAP_N"] != oiDiscTUser || tgt["CHAP_R"] != chap.EncodeBinary(want[:]) {
+	want := chap.Response(id, []byte(tsecret), c)
+	if tgt["CHAP_N"] != tuser || tgt["CHAP_R"] != chap.EncodeBinary(want[:]) {
 		t.Errorf("target's mutual answer N=%q R=%q", tgt["CHAP_N"], tgt["CHAP_R"])
 	}
 }
@@ -281,8 +288,9 @@ func oiLogout(t *testing.T, w *walked) {
 // at a time (MaxOutstandingR2T 1) each answered by one final Data-Out
 // with its TTT and offset; a 2 KiB READ(10) answered by four Data-In of
 // 512 bytes (open-iscsi's MaxRecvDataSegmentLength), the last with
-// status; NOP-Out pings answered by NOP-In with the same ITT; and a
-// SYNCHRONIZE CACHE before logout.
+// status; NOP-Out pings answered by NOP-In with the same ITT; a LUN
+// RESET (immediate, the disk's LUN) completed; and a SYNCHRONIZE CACHE
+// before logout.
 func oiSmallBurst(t *testing.T, w *walked) {
 	t.Helper()
 	var (
@@ -294,6 +302,8 @@ func oiSmallBurst(t *testing.T, w *walked) {
 		pings, pongs  int
 		pingITT       = map[uint32]bool{}
 		syncCache     bool
+		reset         *TaskMgmtRequest
+		resetDone     bool
 		nextOffset    uint32
 		readOffset    uint32
 		readHasStatus bool
@@ -341,6 +351,10 @@ func oiSmallBurst(t *testing.T, w *walked) {
 			readOffset += 512
 			dataIn++
 			readHasStatus = h.HasStatus && h.Status == 0
+		case *TaskMgmtRequest:
+			reset = h
+		case *TaskMgmtResponse:
+			resetDone = reset != nil && h.ITT == reset.ITT && h.Response == TMFFunctionComplete
 		case *NOPOut:
 			if h.ITT != ReservedTag && h.TTT == ReservedTag {
 				pings++
@@ -360,6 +374,10 @@ func oiSmallBurst(t *testing.T, w *walked) {
 	}
 	if pings == 0 || pongs != pings {
 		t.Errorf("%d NOP-Out pings, %d answered", pings, pongs)
+	}
+	if reset == nil || reset.Function != TMFLogicalUnitReset || !reset.Immediate || reset.ReferencedTaskTag != ReservedTag ||
+		write == nil || reset.LUN != write.LUN || !resetDone {
+		t.Errorf("LUN RESET %+v, completed: %v", reset, resetDone)
 	}
 	if !syncCache {
 		t.Error("no SYNCHRONIZE CACHE(10)")

@@ -35,7 +35,7 @@ func FuzzSession(f *testing.F) {
 	// immediate data and Data-Outs for R2Ts, a read, NOP-Out pings,
 	// SYNCHRONIZE CACHE, logout. Its CmdSNs and TTTs are those of the
 	// captured session, so the target also meets stale numbers.
-	if s, err := openiscsiStream(filepath.Join("..", "pdu", "testdata", "openiscsi-vmsan-session-chap-small-burst.txt")); err != nil {
+	if s, err := openiscsiStream(filepath.Join("..", "pdu", "testdata", "openiscsi-vmsan-session-chap-mutual-small-burst.txt")); err != nil {
 		f.Fatal(err)
 	} else {
 		f.Add(s)

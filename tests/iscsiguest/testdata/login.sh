@@ -9,7 +9,7 @@ P=$PORTAL
 # Every carried program starts (its libraries and loader are in the image).
 for c in "iscsiadm --version" "iscsid --version" "multipath -h" "multipathd -h" "mpathpersist -h" \
 	"dmsetup --version" "sg_inq --version" "sg_vpd --version" "sg_persist --version" "sg_rtpg --version" \
-	"sg_turs --version" "sg_readcap --version" "sg_luns --version" "bonnie++ -h"; do
+	"sg_turs --version" "sg_readcap --version" "sg_luns --version" "sg_reset --version" "bonnie++ -h"; do
 	# shellcheck disable=SC2086
 	$c >/tmp/tool.out 2>&1
 	rc=$?
@@ -131,17 +131,23 @@ fi
 # A short session for golden PDU vectors: bursts and data segments of 512
 # bytes (the least RFC 7143 allows), so that a 2 KiB write shows immediate
 # data, R2Ts and Data-Outs, and a 2 KiB read several Data-Ins, each PDU
-# small enough to keep; 5 s idle so that NOP-Outs (open-iscsi's ping) and
-# the target's NOP-Ins pass.
+# small enough to keep; mutual CHAP where the target has an answer
+# (MUTUAL_USER); 5 s idle so that NOP-Outs (open-iscsi's ping) and the
+# target's NOP-Ins pass; a LUN RESET task management request (sg_reset
+# -d: the kernel's device reset, which iscsi_tcp sends as a TMF).
 iscsiadm -m node -o new -T "$IQN" -p "$P" >/dev/null || fail "node record"
 for kv in node.session.iscsi.FirstBurstLength=512 node.session.iscsi.MaxBurstLength=512 \
 	"node.conn[0].iscsi.MaxRecvDataSegmentLength=512"; do
 	iscsiadm -m node -T "$IQN" -p "$P" -o update -n "${kv%%=*}" -v "${kv#*=}" || fail "node update $kv"
 done
-relogin "small bursts"
+run iscsi_login "$P" "$IQN" "$CHAP_USER" "$CHAP_SECRET" "${MUTUAL_USER:-}" "${MUTUAL_SECRET:-}" || fail "login (small bursts)"
+wait_disks 1 30 || fail "no SCSI disk after login (small bursts)"
+dev=/dev/$(iscsi_disks | head -1)
 dd if=/pattern.bin of="$dev" bs=2k count=1 seek=10240 oflag=direct 2>/tmp/dd.err || fail "2 KiB write: $(cat /tmp/dd.err)"
 dd if="$dev" of=/tmp/small bs=2k count=1 skip=10240 iflag=direct 2>/tmp/dd.err || fail "2 KiB read: $(cat /tmp/dd.err)"
 head -c 2048 /pattern.bin | cmp -s - /tmp/small || fail "2 KiB read back differs"
 sleep 5
+run sg_reset -d "$dev" || fail "sg_reset -d (LUN RESET)"
+run sg_turs "$dev" || run sg_turs "$dev" || fail "TEST UNIT READY after the LUN RESET"
 run iscsi_logout "$P" "$IQN" || fail "logout (small bursts)"
 say "SMALL-BURST-OK"

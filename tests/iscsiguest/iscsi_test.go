@@ -28,9 +28,10 @@ const MiB = 1 << 20
 // designator), persistent reservations (register, reserve, read, release,
 // unregister), writes scripts/guest's 4 MiB pattern at 1 MiB with O_DIRECT
 // and reads it back, writes it again at 8 MiB and discards the first 2 MiB
-// of that, and logs out. Where the target can be restarted (vmsan), the
-// guest then asks the host to restart it (SIGTERM, the same data
-// directory), logs in and reads the pattern back; writes it at 16 MiB
+// of that, and logs out. Where the target can be restarted (not an
+// external one), the guest then asks the host to restart it (vmsan:
+// SIGTERM, the same data directory; tgt: a new tgtd on the same file),
+// logs in and reads the pattern back; writes it at 16 MiB
 // with fsync and asks for kill -9 and a start while its session is logged
 // in, and reads both patterns back through the recovered session. Last, a
 // short session with mutual CHAP and 512-byte bursts and segments (a 2 KiB

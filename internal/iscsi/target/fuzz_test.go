@@ -2,8 +2,12 @@ package target
 
 import (
 	"bytes"
+	"encoding/hex"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,6 +80,16 @@ func FuzzSession(f *testing.F) {
 	f.Add(cat(fuzzPDU(&pdu.SCSICommand{Final: true, Write: true, ITT: 2, ExpectedDataTransferLength: 4096, CmdSN: 1, CDB: writeCDB(0, 8)}, nil),
 		fuzzPDU(&pdu.SCSICommand{Final: true, Read: true, ITT: 3, ExpectedDataTransferLength: 4096, CmdSN: 2, CDB: readCDB(0, 8)}, nil),
 		fuzzPDU(&pdu.LogoutRequest{ITT: 6, CmdSN: 3}, nil)))
+	// What open-iscsi sent in full feature phase of a real session
+	// (internal/iscsi/pdu's golden vectors): its SCSI scan, a write with
+	// immediate data and Data-Outs for R2Ts, a read, NOP-Out pings,
+	// SYNCHRONIZE CACHE, logout. Its CmdSNs and TTTs are those of the
+	// captured session, so the target also meets stale numbers.
+	if s, err := openiscsiStream(filepath.Join("..", "pdu", "testdata", "openiscsi-vmsan-session-chap-mutual-small-burst.txt")); err != nil {
+		f.Fatal(err)
+	} else {
+		f.Add(s)
+	}
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		fuzzSession(t, keys("InitiatorName", "iqn.2026-11.test:fuzz", "TargetName", testIQN), stream)
 	})
@@ -129,4 +143,30 @@ func fuzzSession(t *testing.T, login []byte, stream []byte) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("session did not end after the initiator closed")
 	}
+}
+
+// openiscsiStream returns the initiator's PDUs after its last Login
+// Request in a stored capture ("C hex" lines), concatenated.
+func openiscsiStream(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var stream []byte
+	for _, l := range strings.Split(string(b), "\n") {
+		dir, h, ok := strings.Cut(l, " ")
+		if !ok || dir != "C" {
+			continue
+		}
+		p, err := hex.DecodeString(h)
+		if err != nil {
+			return nil, err
+		}
+		if len(p) > 0 && pdu.Opcode(p[0]&0x3f) == pdu.OpLoginReq {
+			stream = stream[:0]
+			continue
+		}
+		stream = append(stream, p...)
+	}
+	return stream, nil
 }

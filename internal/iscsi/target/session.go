@@ -44,6 +44,7 @@ type session struct {
 	textAcc    text.Accumulator
 	textRest   []byte // the rest of a long Text Response
 	textTTT    uint32
+	textIn     bool // the initiator's Text Request continues (C bit) under textTTT
 
 	volIDs []uint64
 	ended  chan struct{}
@@ -74,7 +75,8 @@ type task struct {
 	unsolSN   uint32
 	nextR2T   uint32
 	r2tSN     uint32
-	pending   int // outstanding R2Ts
+	pending   int  // outstanding R2Ts
+	crcError  bool // a Data-Out of the task failed its data digest
 	executing bool
 	aborted   bool // INVARIANT: read and written under session.mu
 	done      chan struct{}
@@ -229,8 +231,20 @@ func (ss *session) readError(f pdu.Frame, err error) bool {
 		return false
 	case errors.As(err, &de) && !de.Header:
 		// Data digest error: the PDU was consumed; Reject it (RFC 7143
-		// 7.8), the initiator retries or aborts the task.
+		// 7.8). A command with bad immediate data is discarded and its
+		// CmdSN not taken: the initiator resends it or aborts it (RFC
+		// 7143 11.17.1).
 		ss.reject(pdu.RejectDataDigestError, f.BHS)
+		if h, ok := f.Header.(*pdu.DataOut); ok && !ss.discovery {
+			// A Data-Out: without recovery R2Ts (ErrorRecoveryLevel 0)
+			// the task ends in CHECK CONDITION once all its data is in
+			// (RFC 7143 7.8 b); until then the PDU counts as received
+			// so that the rest of the sequence is accepted.
+			if err := ss.dataOut(h, f, true); err != nil {
+				ss.s.cfg.Logger.Info("iscsi: closing connection", "remote", ss.c.log(), "initiator", ss.nexus.InitiatorName, "why", err)
+				return false
+			}
+		}
 		return true
 	case errors.Is(err, pdu.ErrTooLong):
 		// The data segment was not read: the stream is out of sync.
@@ -285,7 +299,7 @@ func (ss *session) handle(f pdu.Frame) error {
 			ss.reject(pdu.RejectProtocolError, f.BHS)
 			return nil
 		}
-		return ss.dataOut(h, f)
+		return ss.dataOut(h, f, false)
 	case *pdu.TaskMgmtRequest:
 		if ss.discovery {
 			ss.reject(pdu.RejectProtocolError, f.BHS)
@@ -513,7 +527,9 @@ func (ss *session) sendR2Ts(rs []*r2t) {
 	}
 }
 
-func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame) error {
+// dataOut takes one Data-Out; corrupt says its data failed the digest
+// (the sequence is checked and advanced, the data is not used).
+func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame, corrupt bool) error {
 	ss.mu.Lock()
 	t := ss.tasks[h.ITT]
 	if t == nil || t.executing || t.aborted {
@@ -556,7 +572,9 @@ func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame) error {
 			return errors.New("F bit before the R2T's data was sent")
 		}
 	}
-	if dst := t.buf[h.BufferOffset:]; len(f.Data) > 0 && &dst[0] != &f.Data[0] {
+	if corrupt {
+		t.crcError = true
+	} else if dst := t.buf[h.BufferOffset:]; len(f.Data) > 0 && &dst[0] != &f.Data[0] {
 		copy(dst, f.Data) // not read in place (dataBuffer)
 	}
 	t.received += n
@@ -577,7 +595,14 @@ func (ss *session) execute(t *task) {
 		return
 	}
 	t.executing = true
+	crcError := t.crcError
 	ss.mu.Unlock()
+	if crcError {
+		// ABORTED COMMAND, PROTOCOL SERVICE CRC ERROR (RFC 7143 7.8,
+		// 4.5.1): the initiator retries the command.
+		ss.complete(t, &scsi.Result{Status: 0x02, Sense: senseFixed(0x0b, 0x47, 0x05)})
+		return
+	}
 	ss.s.bytesWritten.Add(uint64(len(t.buf)))
 	// More: another PDU is already buffered (likely the next command),
 	// the engine's write-gathering hint, as on the NBD path. Only the
@@ -773,29 +798,40 @@ func (ss *session) textReq(h *pdu.TextRequest, f pdu.Frame) error {
 		}
 		counted = true
 	}
+	// F is set exactly on the last response of the exchange, which
+	// carries the reserved TTT (RFC 7143 11.11.1, 11.11.4); an F=0
+	// response with a TTT asks for the initiator's next request.
 	send := func(data []byte, cont bool, ttt uint32) {
-		o := &out{h: &pdu.TextResponse{Final: !cont, Continue: cont, LUN: h.LUN, ITT: h.ITT, TTT: ttt},
+		o := &out{h: &pdu.TextResponse{Final: ttt == pdu.ReservedTag, Continue: cont, LUN: h.LUN, ITT: h.ITT, TTT: ttt},
 			data: data, status: true}
 		if counted {
 			o.then = ss.slotDone
 		}
 		ss.c.send(o)
 	}
-	if h.TTT != pdu.ReservedTag {
-		if h.TTT != ss.textTTT || ss.textRest == nil {
-			ss.textRest = nil
-			ss.reject(pdu.RejectInvalidPDUField, f.BHS)
-			if counted {
-				ss.slotDone()
-			}
-			return nil
-		}
+	switch {
+	case h.TTT == pdu.ReservedTag:
+		// A new exchange resets what an earlier one left (RFC 7143
+		// 11.10.4).
+		ss.textRest, ss.textIn = nil, false
+		ss.textAcc.Take()
+	case h.TTT == ss.textTTT && ss.textIn:
+		// The next part of the initiator's continued request.
+	case h.TTT == ss.textTTT && ss.textRest != nil:
 		ss.sendTextChunk(send)
 		return nil
+	default:
+		ss.textRest, ss.textIn = nil, false
+		ss.textAcc.Take()
+		ss.reject(pdu.RejectInvalidPDUField, f.BHS)
+		if counted {
+			ss.slotDone()
+		}
+		return nil
 	}
-	ss.textRest = nil
 	done, err := ss.textAcc.Add(f.Data, h.Continue)
 	if err != nil {
+		ss.textIn = false
 		ss.reject(pdu.RejectProtocolError, f.BHS)
 		if counted {
 			ss.slotDone()
@@ -803,11 +839,17 @@ func (ss *session) textReq(h *pdu.TextRequest, f pdu.Frame) error {
 		return nil
 	}
 	if !done {
+		// An empty response invites the rest (RFC 7143 11.10.2).
+		ss.textIn = true
 		ss.nextTTT++
+		if ss.nextTTT == pdu.ReservedTag {
+			ss.nextTTT = 1
+		}
 		ss.textTTT = ss.nextTTT
 		send(nil, false, ss.textTTT)
 		return nil
 	}
+	ss.textIn = false
 	pairs, err := text.Parse(ss.textAcc.Take())
 	if err != nil {
 		ss.reject(pdu.RejectProtocolError, f.BHS)

@@ -67,7 +67,12 @@ type guestRun struct {
 	Env    map[string]string // written to /test.env as shell assignments
 	// OnLine, if set, is called from the console reader for every
 	// VMSAN-GUEST line (without the marker), in order, while the guest runs.
-	OnLine  func(line string)
+	OnLine func(line string)
+	// Answer, if set, is called after OnLine for every VMSAN-GUEST line;
+	// a non-empty return is typed into the guest's console as one line
+	// (init-iscsi's ask reads it): the host tells the guest that an
+	// action it asked for is done, with no race on timing.
+	Answer  func(line string) string
 	Timeout time.Duration
 }
 
@@ -138,7 +143,13 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 		"-kernel", filepath.Join(guest, "vmlinuz"),
 		"-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 quiet")
-	cmd.Stdin = nil
+	// The console's input: -nographic multiplexes QEMU's stdin onto the
+	// guest's serial port. It stays open (an EOF there is harmless, but
+	// an answer must not find it closed) until QEMU exits.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	res := &guestResult{}
@@ -158,6 +169,12 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 				t.Logf("guest +%v: %s", time.Since(start).Round(100*time.Millisecond), msg)
 				if run.OnLine != nil {
 					run.OnLine(msg)
+				}
+				if run.Answer != nil {
+					if a := run.Answer(msg); a != "" {
+						t.Logf("host answers %q", a)
+						io.WriteString(stdin, a+"\n")
+					}
 				}
 			}
 		}

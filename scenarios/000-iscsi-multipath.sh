@@ -42,7 +42,8 @@
 # and kernel I/O errors on the map (must be none) and on the paths
 # (failed over by dm-multipath).
 #
-# QUICK=1: cache=none only, a smaller bonnie++ file.
+# QUICK=1: cache=none only, a smaller bonnie++ file. MP_CONF_ARGS: flags
+# for `vmsan iscsi multipath-conf` (e.g. "--replacement-timeout 2").
 #
 # Output (scenarios/out/000/): summary.md (the table), results.csv (the
 # bonnie++ CSV lines, named TARGET-CACHE-RUN, RUN the read-ahead or
@@ -93,7 +94,8 @@ workdir; W=$WORKDIR
 
 # The device section the guest uses: vmsan's own advice, with the field
 # case's round-robin selector in place of service-time.
-"$VMSAN" iscsi multipath-conf | sed 's/path_selector "service-time 0"/path_selector "round-robin 0"/' >"$OUT/multipath-device.conf"
+# shellcheck disable=SC2086 # MP_CONF_ARGS: flags, split on spaces
+"$VMSAN" iscsi multipath-conf ${MP_CONF_ARGS:-} | sed 's/path_selector "service-time 0"/path_selector "round-robin 0"/' >"$OUT/multipath-device.conf"
 grep -q 'round-robin 0' "$OUT/multipath-device.conf" || die "vmsan iscsi multipath-conf: no path_selector line to replace"
 
 # --- targets ----------------------------------------------------------------
@@ -137,8 +139,9 @@ tgtd -f -C "$tctl" --iscsi "portal=${TGT_PORTALS[0]}" >"$OUT/tgtd.log" 2>&1 &
 tgtpid=$!
 _pids+=("$tgtpid")
 # tgtd ignores SIGTERM while it has targets (the cleanup's SIGKILL follows)
-# and leaves its control socket behind.
-trap 'rc=$?; rm -f /var/run/tgtd/socket.$tctl /var/run/tgtd/socket.$tctl.lock; (exit $rc); cleanup_all' EXIT INT TERM
+# and leaves its control socket behind: the cleanup deletes it with the
+# work directories (after the processes are stopped).
+_workdirs+=("/var/run/tgtd/socket.$tctl" "/var/run/tgtd/socket.$tctl.lock")
 tadm() { tgtadm -C "$tctl" --lld iscsi "$@" >>"$OUT/tgtd.log" 2>&1 || die "tgtadm $*: see $OUT/tgtd.log"; }
 for _ in $(seq 1 100); do tgtadm -C "$tctl" --lld iscsi --mode target --op show >/dev/null 2>&1 && break; sleep 0.1; done
 grep -q "failed to create/bind\|another tgtd" "$OUT/tgtd.log" && die "tgtd could not bind ${TGT_PORTALS[0]} (see $OUT/tgtd.log)"
@@ -176,7 +179,8 @@ wait_http "http://$ctl/ready" 10 || die "pathproxy did not start (see $OUT/pathp
 
 # boot NAME IQN CUT(0|1) PORTAL...: one guest boot, bonnie++ per read-ahead;
 # with CUT=1 path 1 (the first portal's proxy) is cut during the first run.
-CUTS=()
+# Kernel messages of an I/O error on the map (dm-N) or in ext4.
+GUEST_IO_ERR='I/O error.* dev(ice)? dm-|EXT4-fs (error|warning)'
 boot() {
 	local name=$1 iqn=$2 cut=$3 pname; shift 3
 	pname=$( [ "${name%%-*}" = vmsan ] && echo v1 || echo t1)
@@ -208,6 +212,13 @@ boot() {
 	local q=$!
 	_pids+=("$q")
 	while kill -0 "$q" 2>/dev/null; do
+		# An error on the map reaches ext4, and the guest may then hang in
+		# it: stop at once, that is the scenario's failure.
+		if grep -aqE "$GUEST_IO_ERR" "$console"; then
+			sleep 2
+			kill "$q" 2>/dev/null || true
+			die "$name: I/O errors reached the map or ext4 in the guest: $(grep -aE "$GUEST_IO_ERR" "$console" | head -3 | tr -d '\r' | tr '\n' ' ')(see $console)"
+		fi
 		if [ "$cut" = 1 ] && [ -z "$cutter" ] && grep -q "VMSAN-GUEST: BONNIE-RUNNING ra=[0-9]* run=cut" "$console"; then
 			(
 				sleep "$CUT_AFTER"

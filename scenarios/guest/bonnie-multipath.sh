@@ -150,7 +150,7 @@ for r in $runs; do
 	probe=$(awk '$2 - $1 > max { max = $2 - $1 } END { printf "probe_max=%.2f probes=%d", max, NR }' /tmp/probe.log)
 	probe_err=$([ -e /tmp/probe.err ] && wc -l </tmp/probe.err || echo 0)
 	maxfailed=$(sort -n /tmp/paths.log | tail -1)
-	dmerr=$(dmesg | grep -E "(I/O error|critical).*dev dm-|EXT4-fs (error|warning)|Buffer I/O error on dev dm-" | tee /tmp/dmerr | wc -l)
+	dmerr=$(dmesg | grep -E "(I/O error|critical).* dev(ice)? dm-|EXT4-fs (error|warning)" | tee /tmp/dmerr | wc -l)
 	patherr=$(dmesg | grep -E "I/O error.*dev sd|rejecting I/O|Failing path" | wc -l)
 	say "RUN $label ra=$ra rc=$rc $stalls $probe probe_errors=$probe_err failed_max=${maxfailed:-?}/$n dm_errors=$dmerr path_errors=$patherr"
 	[ "$dmerr" = 0 ] || sed 's/^/  [dm-error] /' /tmp/dmerr

@@ -69,7 +69,7 @@ func init() {
 		Use:   "iscsi",
 		Short: "iSCSI helpers (the target itself runs in vmsan serve --iscsi-listen)",
 	}
-	o := multipathOpts{noPathRetry: 30, replacementTimeout: 5, noopInterval: 2, noopTimeout: 2}
+	o := multipathOpts{noPathRetry: 30, replacementTimeout: 2, noopInterval: 1, noopTimeout: 1}
 	mc := &cobra.Command{
 		Use:   "multipath-conf",
 		Short: "Print a multipath.conf device section and open-iscsi timeouts for vmsan LUNs",

@@ -67,7 +67,10 @@ type guestRun struct {
 	Env    map[string]string // written to /test.env as shell assignments
 	// OnLine, if set, is called from the console reader for every
 	// VMSAN-GUEST line (without the marker), in order, while the guest runs.
-	OnLine  func(line string)
+	OnLine func(line string)
+	// Quiet, if set, keeps the lines it returns true for out of the test
+	// log (they are still in Lines and passed to OnLine).
+	Quiet   func(line string) bool
 	Timeout time.Duration
 }
 
@@ -155,7 +158,9 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 			if i := strings.Index(l, guestMarker); i >= 0 {
 				msg := strings.TrimSpace(l[i+len(guestMarker):])
 				res.Lines = append(res.Lines, msg)
-				t.Logf("guest +%v: %s", time.Since(start).Round(100*time.Millisecond), msg)
+				if run.Quiet == nil || !run.Quiet(msg) {
+					t.Logf("guest +%v: %s", time.Since(start).Round(100*time.Millisecond), msg)
+				}
 				if run.OnLine != nil {
 					run.OnLine(msg)
 				}

@@ -173,6 +173,14 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 	<-readerDone
 	res.Elapsed = time.Since(start)
 	res.Console = console.String()
+	// VMSAN_GUEST_CONSOLE_DIR keeps the console of every boot (the test's
+	// temporary directory goes away when it passes).
+	if keep := os.Getenv("VMSAN_GUEST_CONSOLE_DIR"); keep != "" {
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + ".console.log"
+		if err := os.WriteFile(filepath.Join(keep, name), console.Bytes(), 0o644); err != nil {
+			t.Logf("VMSAN_GUEST_CONSOLE_DIR: %v", err)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "console.log"), console.Bytes(), 0o644); err == nil {
 		t.Logf("guest console: %s (%v)", filepath.Join(dir, "console.log"), res.Elapsed.Round(100*time.Millisecond))
 	}

@@ -16,7 +16,7 @@
 # paths: "dev dm-state checker-state prio" for every path multipathd knows.
 paths() { multipathd show paths raw format "%d %t %T %p" 2>/dev/null; }
 # path_is DEV DM CHECKER [PRIO]: the path is in that state.
-path_is() { paths | grep -q "^$1 $2 $3${4:+ $4}\$"; }
+path_is() { paths | grep -q "^$1 $2 $3 ${4:-.*}\$"; }
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 
 # One login at a time, so that each disk is known to be its node's.
@@ -40,14 +40,13 @@ dev=/dev/mapper/$map
 [ -b "$dev" ] || fail "no $dev"
 run multipath -ll
 say "MAP $map maps=$(dmsetup ls --target multipath | wc -l) groups=$(grep -c 'policy=' /tmp/run.out) hwhandler=$(sed -n "s/.*hwhandler='\([^']*\)'.*/\1/p" /tmp/run.out | head -1) dh_alua=$([ -d /sys/module/scsi_dh_alua ] && echo 1 || echo 0) paths=$(paths | tr ' \n' ':,')"
-say "GROUPS $(grep 'policy=' /tmp/run.out | sed "s/.*prio=\([0-9]*\) status=\([a-z]*\).*/prio=\1:\2/" | tr '\n' ' ')"
 
 # rtpg DEV: the port groups as REPORT TARGET PORT GROUPS on that path
 # gives them: "id:state ..." (state as the ALUA code, 0x0 active/optimized,
 # 0x2 standby, 0xe transitioning).
 rtpg() {
-	sg_rtpg "/dev/$1" >/tmp/rtpg.out 2>&1 || { sed 's/^/  [sg_rtpg] /' /tmp/rtpg.out; return 1; }
-	sed 's/^/  [sg_rtpg] /' /tmp/rtpg.out
+	sg_rtpg "/dev/$1" >/tmp/rtpg.out 2>&1 || { sed 's/^/  [sg_rtpg] /' /tmp/rtpg.out >&2; return 1; }
+	sed 's/^/  [sg_rtpg] /' /tmp/rtpg.out >&2
 	awk '/target port group id/ { id = $6 } /asymmetric access state/ { printf "%s:%s ", id, $NF }' /tmp/rtpg.out
 }
 say "RTPG a $(rtpg "$DEV_A")"
@@ -59,7 +58,7 @@ slices=$((4096 / SLOT_KB))
 	k=0
 	while [ ! -e /tmp/stop ] && [ $k -lt "$SLOTS" ]; do
 		if ! dd if=/pattern.bin of="$dev" bs="${SLOT_KB}k" skip=$((k % slices)) seek=$k count=1 \
-			iflag=direct oflag=direct 2>/tmp/writer.dd; then
+			oflag=direct 2>/tmp/writer.dd; then
 			echo "slot $k: $(cat /tmp/writer.dd)" >/tmp/writer.err
 			say "WRITE-ERROR slot $k"
 			break
@@ -81,6 +80,9 @@ after_slots() {
 	[ "$(slots)" -ge "$want" ] || fail "the writer stalled at $(slots) slots: $(paths | tr '\n' ';')"
 }
 after_slots 4
+# The path group statuses once I/O has run (before, none is "active").
+run multipath -ll
+say "GROUPS $(grep 'policy=' /tmp/run.out | sed "s/.*prio=\([0-9]*\) status=\([a-z]*\).*/prio=\1:\2/" | tr '\n' ' ')"
 say "WRITER-RUNNING slots=$(slots) uptime=$(uptime_s)"
 
 # Node a is killed: its path fails (the session's recovery timeout, then

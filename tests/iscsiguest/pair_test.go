@@ -458,6 +458,13 @@ func TestGuestPairFailover(t *testing.T) {
 		t.Errorf("first write on b %.1fs after the promote, want well under 20 s (target 10 s)", d.Seconds())
 	}
 
+	// The promote went through the ALUA transitioning state (secondary
+	// -> changing -> primary: 04/0A while it lasted; a few milliseconds,
+	// too short for the guest to see it) before active/optimized.
+	if log := b.logTail(200); !regexp.MustCompile(`(?s)role=changing was=secondary.*role=primary was=changing`).MatchString(log) {
+		t.Errorf("node b's log lacks the promote's role steps (secondary -> changing -> primary):\n%s", log)
+	}
+
 	// Resync: a (restarted, secondary) and b (primary) UpToDate and
 	// connected; then both stop gracefully and their raw files are equal.
 	if !waitFor(60*time.Second, func() bool {

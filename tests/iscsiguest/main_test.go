@@ -3,8 +3,11 @@
 // iscsi_tcp), dm-multipath (multipath-tools) and sg3-utils, and runs it
 // against an iSCSI target on the host: discovery, CHAP login, SCSI identity
 // and persistent reservations, O_DIRECT pattern I/O, discard, logout
-// (TestGuestLogin), and two paths under dm-multipath with one path cut and
-// restored while a writer runs (TestGuestMultipath).
+// (TestGuestLogin), two paths under dm-multipath with one path cut and
+// restored while a writer runs (TestGuestMultipath), and a replicated pair
+// of vmsan nodes as one logical unit on two paths, its primary killed
+// and its secondary promoted while a writer runs (TestGuestPairFailover,
+// vmsan only).
 //
 // The guest is scripts/guest/build.sh --iscsi (cached in .cache/guest-iscsi);
 // each test appends a second archive with its script (testdata/*.sh) and a
@@ -13,7 +16,8 @@
 // host's loopback at 10.0.2.2, so the target listens on 127.0.0.1 and
 // nothing on the host is logged in to anything.
 //
-// The targets under test: each test runs as subtests "tgt" and "vmsan",
+// The targets under test: TestGuestLogin and TestGuestMultipath run as
+// subtests "tgt" and "vmsan",
 // one per target; VMSAN_ISCSI_TARGET=tgt, vmsan or external runs only
 // that one. tgt starts tgtd (Linux SCSI target framework) on a file, in
 // the foreground, with its own portal and control port. vmsan builds

@@ -299,6 +299,9 @@ func parseRTPG(line string) map[int]int {
 // the failover times are logged: kill -> a's path failed, -> promote, ->
 // first write completed on b; the longest writer stall.
 func TestGuestPairFailover(t *testing.T) {
+	if k := os.Getenv("VMSAN_ISCSI_TARGET"); k != "" && k != "vmsan" {
+		t.Skipf("VMSAN_ISCSI_TARGET=%s: the pair test runs two vmsan nodes", k)
+	}
 	guest := buildGuest(t)
 	bin := buildVmsan(t)
 	const slotKB, size = 256, 256 * MiB
@@ -452,10 +455,10 @@ func TestGuestPairFailover(t *testing.T) {
 		t.Errorf("only %d slots acknowledged before the kill", acksBeforeKill)
 	}
 	// The target: the guest writes again within 10 s of the promote (the
-	// path checker and queued I/O retry); generous slack for a loaded
-	// machine.
-	if d := firstAfter.Sub(promoteAt); d > 20*time.Second {
-		t.Errorf("first write on b %.1fs after the promote, want well under 20 s (target 10 s)", d.Seconds())
+	// path checker finds the promoted path up and the queued I/O is
+	// resent); 5 s of slack for a loaded machine.
+	if d := firstAfter.Sub(promoteAt); d > 15*time.Second {
+		t.Errorf("first write on b %.1fs after the promote, want at most 15 s (target 10 s, 5 s slack)", d.Seconds())
 	}
 
 	// The promote went through the ALUA transitioning state (secondary

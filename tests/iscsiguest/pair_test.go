@@ -327,7 +327,7 @@ func TestGuestPairFailover(t *testing.T) {
 	for k, v := range map[string]string{
 		"PORTAL": guestPortal(proxies[0].Addr()), "PORTAL2": guestPortal(proxies[1].Addr()),
 		"IQN":   "iqn.2026-11.org.vmsan:" + vmsanNode + ":disk",
-		"SLOTS": strconv.Itoa(size / (slotKB << 10)), "SLOT_KB": strconv.Itoa(slotKB), "WAIT": "60",
+		"SLOTS": strconv.Itoa(size / (slotKB << 10)), "SLOT_KB": strconv.Itoa(slotKB), "WAIT": envOr("VMSAN_GUEST_WAIT", "60"),
 	} {
 		env[k] = v
 	}

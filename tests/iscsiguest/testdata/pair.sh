@@ -99,8 +99,10 @@ say "IO-CONTINUES slots=$(slots) uptime=$(uptime_s)"
 
 # Node a restarts as secondary: iscsid logs back in (same session), its
 # path comes back as a ghost with the standby priority; I/O stays on b.
-wait_for "$WAIT" path_is "$DEV_A" active ghost 1 ||
+wait_for "$WAIT" path_is "$DEV_A" active ghost 1 || {
+	sed 's/^/  [iscsid] /' /tmp/iscsid.log | tail -40
 	fail "node a's path did not come back as a ghost: $(paths | tr '\n' ';')"
+}
 say "PATH-GHOST a uptime=$(uptime_s)"
 after_slots 4
 touch /tmp/stop

@@ -468,6 +468,15 @@ func TestGuestPairFailover(t *testing.T) {
 		t.Errorf("node b's log lacks the promote's role steps (secondary -> changing -> primary):\n%s", log)
 	}
 
+	// The old primary, crashed while primary, must come back secondary
+	// from its first moment: a restart that served as primary even
+	// briefly would give the guest a second active path to stale data.
+	if log, _ := os.ReadFile(a.logPath); !bytes.Contains(log, []byte("--- start 1")) {
+		t.Errorf("node a's log does not show its restart")
+	} else if _, after, _ := bytes.Cut(log, []byte("--- start 1")); bytes.Contains(after, []byte("role=primary")) {
+		t.Errorf("the restarted old primary took the primary role:\n%s", tail(string(after), 40))
+	}
+
 	// Resync: a (restarted, secondary) and b (primary) UpToDate and
 	// connected; then both stop gracefully and their raw files are equal.
 	if !waitFor(60*time.Second, func() bool {

@@ -3,6 +3,7 @@ package iscsiguest_test
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -45,21 +46,25 @@ type pairNode struct {
 
 func (n *pairNode) raw() string { return filepath.Join(n.data, "volumes", "disk.raw") }
 
-// start runs vmsan serve and waits until its portal accepts connections;
-// false: it exited before (a port taken meanwhile; its log is logged).
-func (n *pairNode) start(t *testing.T, bin string) bool {
-	t.Helper()
+// errExited is start's error when vmsan exited before it listened (a
+// port taken meanwhile: the caller may retry with other ports).
+var errExited = errors.New("vmsan exited before it listened")
+
+// start runs vmsan serve and waits until its portal accepts connections.
+// It may run outside the test's goroutine (the restart), so it returns
+// errors instead of failing the test.
+func (n *pairNode) start(t *testing.T, bin string) error {
 	if err := os.MkdirAll(n.dir, 0o755); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	cf := filepath.Join(n.dir, "vmsan.yaml")
 	if err := os.WriteFile(cf, []byte(n.cfg), 0o600); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	n.logPath = filepath.Join(n.dir, "vmsan.log")
 	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	fmt.Fprintf(logf, "--- start %d\n", n.restarts)
 	n.restarts++
@@ -67,7 +72,8 @@ func (n *pairNode) start(t *testing.T, bin string) bool {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		logf.Close()
+		return err
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); logf.Close(); close(exited) }()
@@ -79,15 +85,15 @@ func (n *pairNode) start(t *testing.T, bin string) bool {
 		select {
 		case <-exited:
 			t.Logf("node %s exited before it listened on %s:\n%s", n.name, n.iscsi, n.logTail(20))
-			return false
+			return errExited
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			n.stop(t)
-			t.Fatalf("node %s did not listen on %s in 30 s:\n%s", n.name, n.iscsi, n.logTail(40))
+			return fmt.Errorf("node %s did not listen on %s in 30 s:\n%s", n.name, n.iscsi, n.logTail(40))
 		}
 	}
-	return true
+	return nil
 }
 
 // kill9 kills the node the hard way (SIGKILL: no drain, no cache flush).
@@ -195,13 +201,18 @@ iscsi:
 `, n.data, n.nbd, size, n.repl, peer.repl, role, vmsanNode, n.iscsi, n.tpgt, n.tpgt, peer.iscsi, peer.tpgt, peer.tpgt, pairSCSIID)
 		}
 		a.cfg, b.cfg = conf(a, b, "primary"), conf(b, a, "secondary")
-		okA := a.start(t, bin)
-		okB := okA && b.start(t, bin)
-		if okA && okB {
+		err := a.start(t, bin)
+		if err == nil {
+			err = b.start(t, bin)
+		}
+		if err == nil {
 			break
 		}
 		a.stop(t)
 		b.stop(t)
+		if !errors.Is(err, errExited) {
+			t.Fatal(err)
+		}
 		if attempt == 2 {
 			t.Fatal("the pair could not bind its ports in 3 attempts")
 		}
@@ -377,10 +388,7 @@ func TestGuestPairFailover(t *testing.T) {
 				bg.Add(1)
 				go func() {
 					defer bg.Done()
-					var err error
-					if !a.start(t, bin) {
-						err = fmt.Errorf("node a did not restart")
-					}
+					err := a.start(t, bin)
 					mu.Lock()
 					restartAt, restartErr = time.Now(), err
 					mu.Unlock()

@@ -94,7 +94,7 @@ fi
 [ -n "$kpkg" ] || { echo "build.sh: no linux-image-6.1.0-*$kre in apt" >&2; exit 1; }
 
 # Host programs the iSCSI flavour copies (see iscsi_files below).
-ISCSI_BINS="iscsiadm iscsid multipath multipathd mpathpersist dmsetup sg_inq sg_vpd sg_persist sg_rtpg sg_turs sg_readcap sg_luns bonnie++"
+ISCSI_BINS="iscsiadm iscsid multipath multipathd mpathpersist dmsetup sg_inq sg_vpd sg_persist sg_rtpg sg_turs sg_readcap sg_luns sg_reset bonnie++"
 ISCSI_PKGS="open-iscsi multipath-tools sg3-utils dmsetup bonnie++"
 stamp="kernel=$kpkg init=$(sha256sum "$init_src" | cut -c1-16) script=$(sha256sum "$0" | cut -c1-16)"
 if [ "$flavour" = iscsi ]; then

@@ -46,9 +46,10 @@ const nodeIQN = "iqn.2026-11.org.vmsan:test"
 const volSize = 64 << 20
 
 type vmsan struct {
-	*proc        // the process, its log and data directory
-	addr  string // iSCSI portal
-	raw   string // the volume's raw file
+	*proc          // the process, its log and data directory
+	addr    string // iSCSI portal
+	raw     string // the volume's raw file
+	metrics string // Prometheus endpoint, host:port
 }
 
 // startVmsan serves one 64 MiB volume "disk" over iSCSI with the given
@@ -70,9 +71,15 @@ func startVmsanIn(t *testing.T, dir, volumesYAML, iscsiYAML string) *vmsan {
 	if err != nil {
 		t.Fatal(err)
 	}
+	metricsPort, err := servers.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	metrics := fmt.Sprintf("127.0.0.1:%d", metricsPort)
 	cfg := fmt.Sprintf(`data_dir: %s
 listen: ["127.0.0.1:%d"]
+metrics_listen: %s
 no_default_volume: true
 volumes:
   - {name: disk, size: %d}
@@ -80,8 +87,8 @@ volumes:
     listen: ["%s"]
     node_name: test
     nop_interval: 2s
-%s`, filepath.Join(dir, "data"), nbdPort, volSize, volumesYAML, addr, iscsiYAML)
-	v := &vmsan{proc: startProc(t, dir, cfg, addr), addr: addr, raw: filepath.Join(dir, "data", "volumes", "disk.raw")}
+%s`, filepath.Join(dir, "data"), nbdPort, metrics, volSize, volumesYAML, addr, iscsiYAML)
+	v := &vmsan{proc: startProc(t, dir, cfg, addr), addr: addr, raw: filepath.Join(dir, "data", "volumes", "disk.raw"), metrics: metrics}
 	// Registered after startProc's cleanup, so it runs first and reports
 	// a daemon that does not drain.
 	t.Cleanup(func() { v.stop(t) })

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -208,4 +209,113 @@ func writeCapture(path string, header []string, pdus []capPDU) error {
 		b.WriteString(p.Dir + " " + hex.EncodeToString(p.Raw) + "\n")
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// goldenConn is one captured connection as a golden vector file of
+// internal/iscsi/pdu/testdata.
+type goldenConn struct {
+	name  string // openiscsi-TARGET-WHAT.txt
+	about string // header line: what the connection is
+	pdus  []capPDU
+}
+
+// goldenConns picks the connections of a TestGuestLogin capture that make
+// golden vectors, named by what they are: the discovery sessions (the
+// refused one and the one that listed the target), the refused CHAP login,
+// the first session's login and logout (open-iscsi's operational offer
+// from iscsid.conf; its bulk I/O is left out), the session that came back
+// after kill -9 (its login only: reinstatement of the same ISID), and the
+// whole small-burst session (every PDU 512 data bytes at most). Each kind
+// is taken once, the first connection of it.
+func goldenConns(kind string, pdus []capPDU) []goldenConn {
+	byConn := map[int][]capPDU{}
+	var order []int
+	for _, p := range pdus {
+		if _, ok := byConn[p.Conn]; !ok {
+			order = append(order, p.Conn)
+		}
+		byConn[p.Conn] = append(byConn[p.Conn], p)
+	}
+	var out []goldenConn
+	taken := map[string]bool{}
+	add := func(what, about string, ps []capPDU) {
+		if taken[what] || len(ps) == 0 {
+			return
+		}
+		taken[what] = true
+		out = append(out, goldenConn{name: "openiscsi-" + kind + "-" + what + ".txt", about: about, pdus: ps})
+	}
+	var lastISID pdu.ISID
+	for _, c := range order {
+		ps := byConn[c]
+		first, ok := ps[0].Frame.Header.(*pdu.LoginRequest)
+		if !ok {
+			continue
+		}
+		keys := map[string]string{}
+		refused, chap, mutual := false, false, false
+		login := 0 // PDUs up to the last Login Response
+		for i, p := range ps {
+			switch h := p.Frame.Header.(type) {
+			case *pdu.LoginRequest:
+				for _, kv := range strings.Split(string(p.Frame.Data), "\x00") {
+					k, v, _ := strings.Cut(kv, "=")
+					keys[k] = v
+				}
+			case *pdu.LoginResponse:
+				login = i + 1
+				refused = refused || h.Status != pdu.LoginSuccess
+			}
+		}
+		_, chap = keys["CHAP_N"]
+		_, mutual = keys["CHAP_C"]
+		auth := map[bool]string{false: "", true: "-chap"}[chap] + map[bool]string{false: "", true: "-mutual"}[mutual]
+		loginAndLogout := func() []capPDU {
+			sel := append([]capPDU(nil), ps[:login]...)
+			for _, p := range ps[login:] {
+				switch p.Frame.Header.(type) {
+				case *pdu.LogoutRequest, *pdu.LogoutResponse:
+					sel = append(sel, p)
+				}
+			}
+			return sel
+		}
+		switch {
+		case keys["SessionType"] == "Discovery" && refused:
+			add("discovery"+auth+"-refused", "discovery session with a wrong CHAP secret: refused (0201)", ps)
+		case keys["SessionType"] == "Discovery":
+			add("discovery"+auth, "discovery session: SendTargets=All, the target listed", ps)
+		case refused:
+			add("login"+auth+"-refused", "normal session with a wrong CHAP secret: refused (0201)", ps)
+		case keys["FirstBurstLength"] == "512":
+			add("session"+auth+"-small-burst", "a whole normal session with FirstBurstLength, MaxBurstLength and MaxRecvDataSegmentLength 512: the SCSI scan, a 2 KiB write (immediate data, R2T, Data-Out), a 2 KiB read (Data-In), NOP-Out/NOP-In, a LUN RESET (sg_reset -d), SYNCHRONIZE CACHE, logout", ps)
+		case first.ISID == lastISID && !taken["session-reinstated"]:
+			add("session-reinstated", "the login of a session coming back on its own after the target was killed (kill -9) and restarted: the same ISID, TSIH 0", ps[:login])
+		default:
+			add("session"+auth+"-login", "login of a normal session with iscsid.conf's operational offer, then logout (the I/O between is left out)", loginAndLogout())
+		}
+		lastISID = first.ISID
+	}
+	return out
+}
+
+// writeGolden writes goldenConns into dir.
+func writeGolden(dir, target, version string, pdus []capPDU) ([]string, error) {
+	var names []string
+	for _, g := range goldenConns(target, pdus) {
+		var b strings.Builder
+		fmt.Fprintf(&b, "# Captured %s from open-iscsi %s (Debian, kernel iscsi_tcp in the test guest) against %s\n",
+			time.Now().UTC().Format("2006-01-02"), version, target)
+		b.WriteString("# by tests/iscsiguest TestGuestLogin with VMSAN_ISCSI_GOLDEN (guest script tests/iscsiguest/testdata/login.sh)\n")
+		b.WriteString("# Connection: " + g.about + ".\n")
+		b.WriteString("# One PDU per line, no digests negotiated: C = initiator->target, S = target->initiator.\n")
+		for _, p := range g.pdus {
+			b.WriteString(p.Dir + " " + hex.EncodeToString(p.Raw) + "\n")
+		}
+		if err := os.WriteFile(filepath.Join(dir, g.name), []byte(b.String()), 0o644); err != nil {
+			return names, err
+		}
+		names = append(names, g.name)
+	}
+	return names, nil
 }

@@ -70,7 +70,12 @@ type guestRun struct {
 	OnLine func(line string)
 	// Quiet, if set, keeps the lines it returns true for out of the test
 	// log (they are still in Lines and passed to OnLine).
-	Quiet   func(line string) bool
+	Quiet func(line string) bool
+	// Answer, if set, is called after OnLine for every VMSAN-GUEST line;
+	// a non-empty return is typed into the guest's console as one line
+	// (init-iscsi's ask reads it): the host tells the guest that an
+	// action it asked for is done, with no race on timing.
+	Answer  func(line string) string
 	Timeout time.Duration
 }
 
@@ -141,7 +146,13 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 		"-kernel", filepath.Join(guest, "vmlinuz"),
 		"-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 quiet")
-	cmd.Stdin = nil
+	// The console's input: -nographic multiplexes QEMU's stdin onto the
+	// guest's serial port. It stays open (an EOF there is harmless, but
+	// an answer must not find it closed) until QEMU exits.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	res := &guestResult{}
@@ -163,6 +174,12 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 				}
 				if run.OnLine != nil {
 					run.OnLine(msg)
+				}
+				if run.Answer != nil {
+					if a := run.Answer(msg); a != "" {
+						t.Logf("host answers %q", a)
+						io.WriteString(stdin, a+"\n")
+					}
 				}
 			}
 		}

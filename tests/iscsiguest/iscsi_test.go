@@ -21,15 +21,26 @@ const MiB = 1 << 20
 
 // TestGuestLogin: Linux's initiator in the guest against the target over
 // one path. The guest (testdata/login.sh) checks that every program the
-// image carries starts, discovers the target, is refused
-// with a wrong CHAP secret, logs in with the right one, checks INQUIRY
-// (vendor/product), VPD 0x83 (an NAA designator), persistent reservations
-// (register, reserve, read, release, unregister), writes scripts/guest's
-// 4 MiB pattern at 1 MiB with O_DIRECT and reads it back, writes it again
-// at 8 MiB and discards the first 2 MiB of that, and logs out. The host
-// then checks the backing file: the pattern at 1 MiB, zeroes where the
-// discard went, the pattern's second half after it. All of it passes a
-// capturing proxy, and vmsan's PDU codec must read every PDU (checkCapture).
+// image carries starts, discovers the target (with mutual CHAP where the
+// target has a discovery account: vmsan; a wrong secret is refused first
+// and lists nothing), is refused with a wrong CHAP secret, logs in with
+// the right one, checks INQUIRY (vendor/product), VPD 0x83 (an NAA
+// designator), persistent reservations (register, reserve, read, release,
+// unregister), writes scripts/guest's 4 MiB pattern at 1 MiB with O_DIRECT
+// and reads it back, writes it again at 8 MiB and discards the first 2 MiB
+// of that, and logs out. Where the target can be restarted (not an
+// external one), the guest then asks the host to restart it (vmsan:
+// SIGTERM, the same data directory; tgt: a new tgtd on the same file),
+// logs in and reads the pattern back; writes it at 16 MiB
+// with fsync and asks for kill -9 and a start while its session is logged
+// in, and reads both patterns back through the recovered session. Last, a
+// short session with mutual CHAP and 512-byte bursts and segments (a 2 KiB
+// write and read, idle NOP-Outs, a LUN RESET) for the golden vectors. The host then checks the
+// backing file: the pattern at 1 and 16 MiB, zeroes where the discard
+// went, the pattern's second half after it, the 2 KiB at 20 MiB. All of it
+// passes a capturing proxy, and vmsan's PDU codec must read every PDU
+// (checkCapture); VMSAN_ISCSI_GOLDEN=DIR writes the connections that make
+// golden vectors (internal/iscsi/pdu/testdata/openiscsi-*.txt).
 func TestGuestLogin(t *testing.T) {
 	guest := buildGuest(t)
 	for _, kind := range targetKinds() {
@@ -47,17 +58,59 @@ func guestLogin(t *testing.T, guest, kind string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(cp.Close)
+	env := map[string]string{
+		"PORTAL": guestPortal(cp.Addr()), "IQN": tg.IQN,
+		"CHAP_USER": tg.User, "CHAP_SECRET": tg.Secret, "BAD_SECRET": tg.Secret + "-wrong",
+		"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
+		// The session must outlive the kill -9 restart of the target
+		// (open-iscsi fails its I/O after this many seconds without a
+		// connection).
+		"REPLACEMENT_TIMEOUT": "60",
+	}
+	if tg.MutualUser != "" {
+		env["MUTUAL_USER"], env["MUTUAL_SECRET"] = tg.MutualUser, tg.MutualSecret
+	}
+	if tg.DiscUser != "" {
+		env["DISC_USER"], env["DISC_SECRET"], env["DISC_BAD_SECRET"] = tg.DiscUser, tg.DiscSecret, tg.DiscSecret+"-wrong"
+		env["DISC_MUTUAL_USER"], env["DISC_MUTUAL_SECRET"] = tg.DiscMutualUser, tg.DiscMutualSecret
+	}
+	var restartErr error
 	res := bootGuest(t, guest, guestRun{
 		Script: "login.sh",
-		Env: map[string]string{
-			"PORTAL": guestPortal(cp.Addr()), "IQN": tg.IQN,
-			"CHAP_USER": tg.User, "CHAP_SECRET": tg.Secret, "BAD_SECRET": tg.Secret + "-wrong",
-			"MP_VENDOR": tg.Vendor, "MP_PRODUCT": tg.Product,
+		Env:    env,
+		// The guest asks for the target's restarts (after logout:
+		// graceful; later kill -9 with a session logged in) and waits
+		// for the answer.
+		Answer: func(l string) string {
+			kill := l == "ASK KILL"
+			if l != "ASK RESTART" && !kill {
+				return ""
+			}
+			if tg.Restart == nil {
+				return "SKIP"
+			}
+			start := time.Now()
+			if err := tg.Restart(kill); err != nil {
+				restartErr = err
+				return "FAILED"
+			}
+			t.Logf("target restarted (kill=%v) in %v", kill, time.Since(start).Round(time.Millisecond))
+			return map[bool]string{false: "RESTARTED", true: "KILLED"}[kill]
 		},
 	})
-	for _, want := range []string{"TOOLS-OK", "DISCOVERY-OK", "CHAP-REFUSED", "LOGIN-OK", "VPD83-NAA", "PR-OK", "PATTERN-OK", "DISCARD-OK", "LOGOUT-OK"} {
-		if !res.has(want) {
-			t.Fatalf("guest did not report %s; its lines:\n  %s", want, strings.Join(res.Lines, "\n  "))
+	if restartErr != nil {
+		t.Fatal(restartErr)
+	}
+	want := []string{"TOOLS-OK", "DISCOVERY-OK", "CHAP-REFUSED", "LOGIN-OK", "VPD83-NAA", "PR-OK", "PATTERN-OK", "DISCARD-OK", "LOGOUT-OK", "SMALL-BURST-OK"}
+	if tg.DiscUser != "" {
+		want = append(want, "DISC-CHAP-REFUSED")
+	}
+	if tg.Restart != nil {
+		want = append(want, "RESTART-OK", "KILL-OK")
+	}
+	for _, w := range want {
+		if !res.has(w) {
+			t.Fatalf("guest did not report %s; its lines:\n  %s", w, strings.Join(res.Lines, "\n  "))
 		}
 	}
 	if got, want := res.line("INQUIRY"), "INQUIRY vendor="+tg.Vendor+" product="+tg.Product; got != want {
@@ -84,6 +137,12 @@ func guestLogin(t *testing.T, guest, kind string) {
 	}
 	if !bytes.Equal(img[10*MiB:12*MiB], pattern[2*MiB:]) {
 		t.Errorf("backing file at 10-12 MiB (after the discarded range) is not the pattern's second half")
+	}
+	if tg.Restart != nil && !bytes.Equal(img[16*MiB:20*MiB], pattern) {
+		t.Errorf("backing file at 16 MiB (written before kill -9) is not the pattern")
+	}
+	if !bytes.Equal(img[20*MiB:20*MiB+2048], pattern[:2048]) {
+		t.Errorf("backing file at 20 MiB (the small-burst session's write) is not the pattern's first 2 KiB")
 	}
 }
 
@@ -297,6 +356,11 @@ func checkCapture(t *testing.T, cp *capProxy, tg *target) {
 	}
 	count := map[pdu.Opcode]int{}
 	var sendTargets, chapName, refused bool
+	// Discovery CHAP: a connection that sent CHAP_N of the discovery
+	// account and was refused (the wrong secret, not a login without
+	// CHAP), and the target's mutual answer (its CHAP_N) on another.
+	discCHAPConn := map[int]bool{}
+	var discRefusedAfterCHAP, discMutual bool
 	for _, p := range pdus {
 		count[p.Frame.Header.Opcode()]++
 		switch h := p.Frame.Header.(type) {
@@ -304,9 +368,18 @@ func checkCapture(t *testing.T, cp *capProxy, tg *target) {
 			sendTargets = sendTargets || bytes.Contains(p.Frame.Data, []byte("SendTargets=All\x00"))
 		case *pdu.LoginRequest:
 			chapName = chapName || bytes.Contains(p.Frame.Data, []byte("CHAP_N="+tg.User+"\x00"))
+			if tg.DiscUser != "" && bytes.Contains(p.Frame.Data, []byte("CHAP_N="+tg.DiscUser+"\x00")) {
+				discCHAPConn[p.Conn] = true
+			}
 		case *pdu.LoginResponse:
 			refused = refused || h.Status == pdu.LoginAuthenticationFailure
+			discRefusedAfterCHAP = discRefusedAfterCHAP || (discCHAPConn[p.Conn] && h.Status == pdu.LoginAuthenticationFailure)
+			discMutual = discMutual || (tg.DiscMutualUser != "" && discCHAPConn[p.Conn] &&
+				bytes.Contains(p.Frame.Data, []byte("CHAP_N="+tg.DiscMutualUser+"\x00")))
 		}
+	}
+	if tg.DiscUser != "" && (!discRefusedAfterCHAP || (tg.DiscMutualUser != "" && !discMutual)) {
+		t.Errorf("discovery CHAP: refused after CHAP_N=%s: %v; target answered CHAP_N=%s: %v", tg.DiscUser, discRefusedAfterCHAP, tg.DiscMutualUser, discMutual)
 	}
 	var summary []string
 	for op, n := range count {
@@ -334,6 +407,15 @@ func checkCapture(t *testing.T, cp *capProxy, tg *target) {
 			t.Fatal(err)
 		}
 		t.Logf("capture written to %s", path)
+	}
+	// VMSAN_ISCSI_GOLDEN=DIR (internal/iscsi/pdu/testdata) writes the
+	// connections that make golden vectors, one file each.
+	if dir := os.Getenv("VMSAN_ISCSI_GOLDEN"); dir != "" {
+		names, err := writeGolden(dir, tg.Kind, strings.TrimPrefix(toolVersion("iscsiadm", "--version"), "iscsiadm version "), pdus)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("golden vectors written to %s: %s", dir, strings.Join(names, " "))
 	}
 }
 

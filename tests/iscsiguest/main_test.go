@@ -1,13 +1,14 @@
 // Package iscsiguest_test boots a QEMU TCG guest whose initramfs carries Linux's
 // own iSCSI initiator (open-iscsi's iscsid/iscsiadm, the kernel's
 // iscsi_tcp), dm-multipath (multipath-tools) and sg3-utils, and runs it
-// against an iSCSI target on the host: discovery, CHAP login, SCSI identity
-// and persistent reservations, O_DIRECT pattern I/O, discard, logout
-// (TestGuestLogin), two paths under dm-multipath with one path cut and
-// restored while a writer runs (TestGuestMultipath), and a replicated pair
-// of vmsan nodes as one logical unit on two paths, its primary killed
-// and its secondary promoted while a writer runs (TestGuestPairFailover,
-// vmsan only).
+// against an iSCSI target on the host: discovery (with CHAP), CHAP login,
+// SCSI identity and persistent reservations, O_DIRECT pattern I/O,
+// discard, logout, the target restarted (gracefully, then kill -9) with
+// the data intact, and the golden-vector session (TestGuestLogin), two
+// paths under dm-multipath with one path cut and restored while a writer
+// runs (TestGuestMultipath), and a replicated pair of vmsan nodes as one
+// logical unit on two paths, its primary killed and its secondary
+// promoted while a writer runs (TestGuestPairFailover, vmsan only).
 //
 // The guest is scripts/guest/build.sh --iscsi (cached in .cache/guest-iscsi);
 // each test appends a second archive with its script (testdata/*.sh) and a

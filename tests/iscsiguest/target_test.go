@@ -27,14 +27,26 @@ type target struct {
 	IQN     string
 	User    string // CHAP (one-way) account
 	Secret  string
-	Vendor  string // what INQUIRY answers: the multipath.conf device section matches it
-	Product string
-	Backing string // the file behind the LU, "" if unknown (external)
-	ALUA    bool   // implicit ALUA, all ports active/optimized (tgt: no)
-	Size    int64
+	// MutualUser/MutualSecret: the target's answer when the initiator
+	// asks for mutual CHAP on a normal session ("": none).
+	MutualUser, MutualSecret string
+	// DiscUser/DiscSecret: the CHAP account discovery sessions need, ""
+	// where discovery is open (tgt 1.0.85 has no discovery CHAP: its
+	// accounts bind to targets, and tid 0 is none); DiscMutualUser/
+	// DiscMutualSecret: the target's answer for mutual CHAP, if any.
+	DiscUser, DiscSecret             string
+	DiscMutualUser, DiscMutualSecret string
+	Vendor                           string // what INQUIRY answers: the multipath.conf device section matches it
+	Product                          string
+	Backing                          string // the file behind the LU, "" if unknown (external)
+	ALUA                             bool   // implicit ALUA, all ports active/optimized (tgt: no)
+	Size                             int64
 	// Stop, if set, stops the target gracefully (idempotent) so that the
 	// backing file is complete before the host reads it.
 	Stop func()
+	// Restart, if set, stops the target (gracefully, or with SIGKILL when
+	// kill is true) and starts it again on the same data and portals.
+	Restart func(kill bool) error
 }
 
 // targetKinds are the targets the guest tests run against, each as a
@@ -138,9 +150,10 @@ func pickPort() int {
 // startTgt runs tgtd in the foreground on a sparse file of size bytes: one
 // target, LU 1 a disk answering vendor VMSAN / product vmsan (so the guest
 // uses the multipath.conf section written for vmsan), thin provisioning on
-// (UNMAP punches holes in the file), a CHAP account, every initiator
-// address allowed. tgtd also has LU 0, its controller. It is killed in
-// Cleanup.
+// (UNMAP punches holes in the file), a CHAP account with an outgoing
+// (mutual) one, every initiator address allowed. tgtd also has LU 0, its
+// controller. It is killed in Cleanup; target.Restart kills it and starts
+// a new one on the same port and file.
 func startTgt(t *testing.T, size int64) *target {
 	t.Helper()
 	testutil.NeedTool(t, "tgtd")
@@ -159,6 +172,7 @@ func startTgt(t *testing.T, size int64) *target {
 	tg := &target{
 		Kind: "tgt", IQN: "iqn.2026-11.org.vmsan.test:tgt", User: "guest", Secret: "vmsan-chap-secret",
 		Vendor: "VMSAN", Product: "vmsan", Backing: backing, Size: size,
+		MutualUser: "tgt-answer", MutualSecret: "tgt-mutual-secret",
 	}
 	// tgtd binds its portal after it started; when the bind fails it
 	// logs it and listens on the default portal instead, so a lost race
@@ -168,39 +182,78 @@ func startTgt(t *testing.T, size int64) *target {
 		if port == 0 {
 			t.Fatal("no free port in 27000-27999 for tgtd")
 		}
-		ctl, ok := runTgtd(t, port, dir)
-		if ok {
-			tg.Portal = fmt.Sprintf("127.0.0.1:%d", port)
-			tg.Portal2 = tg.Portal
-			adm := func(args ...string) {
-				t.Helper()
-				out, err := exec.Command("tgtadm", append([]string{"-C", ctl, "--lld", "iscsi"}, args...)...).CombinedOutput()
-				if err != nil {
-					t.Fatalf("tgtadm %s: %v\n%s", strings.Join(args, " "), err, out)
-				}
+		ctl, stop, ok := runTgtd(t, port, dir)
+		if !ok {
+			if attempt == 4 {
+				t.Fatal("tgtd could not bind a portal in 5 attempts")
 			}
-			adm("--mode", "target", "--op", "new", "--tid", "1", "--targetname", tg.IQN)
-			adm("--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1",
-				"--backing-store", backing, "--bsoflags", "direct")
-			adm("--mode", "logicalunit", "--op", "update", "--tid", "1", "--lun", "1",
-				"--params", "vendor_id="+tg.Vendor+",product_id="+tg.Product+",thin_provisioning=1")
-			adm("--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL")
-			adm("--mode", "account", "--op", "new", "--user", tg.User, "--password", tg.Secret)
-			adm("--mode", "account", "--op", "bind", "--tid", "1", "--user", tg.User)
-			return tg
+			continue
 		}
-		if attempt == 4 {
-			t.Fatal("tgtd could not bind a portal in 5 attempts")
+		tg.Portal = fmt.Sprintf("127.0.0.1:%d", port)
+		tg.Portal2 = tg.Portal
+		if err := setupTgt(tg, ctl, backing); err != nil {
+			t.Fatal(err)
 		}
+		// tgtd keeps no state but the backing file (written with
+		// O_DIRECT): a restart is a kill, a new tgtd on the same port
+		// and the same configuration, whether kill is asked or not.
+		tg.Restart = func(bool) error {
+			stop()
+			ctl, nstop, ok := runTgtd(t, port, dir)
+			if !ok {
+				return fmt.Errorf("tgtd did not start again on port %d", port)
+			}
+			stop = nstop
+			return setupTgt(tg, ctl, backing)
+		}
+		return tg
 	}
 }
 
+// setupTgt configures the target of startTgt in the tgtd on control port
+// ctl.
+func setupTgt(tg *target, ctl, backing string) error {
+	adm := func(args ...string) error {
+		out, err := exec.Command("tgtadm", append([]string{"-C", ctl, "--lld", "iscsi"}, args...)...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("tgtadm %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	for _, args := range [][]string{
+		{"--mode", "target", "--op", "new", "--tid", "1", "--targetname", tg.IQN},
+		{"--mode", "logicalunit", "--op", "new", "--tid", "1", "--lun", "1", "--backing-store", backing, "--bsoflags", "direct"},
+		{"--mode", "logicalunit", "--op", "update", "--tid", "1", "--lun", "1",
+			"--params", "vendor_id=" + tg.Vendor + ",product_id=" + tg.Product + ",thin_provisioning=1"},
+		{"--mode", "target", "--op", "bind", "--tid", "1", "--initiator-address", "ALL"},
+		{"--mode", "account", "--op", "new", "--user", tg.User, "--password", tg.Secret},
+		{"--mode", "account", "--op", "bind", "--tid", "1", "--user", tg.User},
+		// The outgoing account answers an initiator that asks for mutual
+		// CHAP; logins without it are unaffected.
+		{"--mode", "account", "--op", "new", "--user", tg.MutualUser, "--password", tg.MutualSecret},
+		{"--mode", "account", "--op", "bind", "--tid", "1", "--user", tg.MutualUser, "--outgoing"},
+	} {
+		if err := adm(args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // runTgtd starts tgtd with portal 127.0.0.1:port and control port port,
-// and returns the control port and whether tgtd serves on that portal.
-func runTgtd(t *testing.T, port int, dir string) (string, bool) {
+// and returns the control port, a stop function (SIGKILL, idempotent)
+// and whether tgtd serves on that portal. It does not t.Fatal on tgtd's
+// failures: a restart runs it from the console reader's goroutine.
+func runTgtd(t *testing.T, port int, dir string) (string, func(), bool) {
 	t.Helper()
 	ctl := strconv.Itoa(port)
 	logPath := filepath.Join(dir, fmt.Sprintf("tgtd-%d.log", port))
+	for n := 2; ; n++ {
+		if _, err := os.Stat(logPath); err != nil {
+			break
+		}
+		logPath = filepath.Join(dir, fmt.Sprintf("tgtd-%d-%d.log", port, n))
+	}
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -214,13 +267,16 @@ func runTgtd(t *testing.T, port int, dir string) (string, bool) {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); logf.Close(); close(exited) }()
+	var once sync.Once
 	stop := func() {
-		// tgtd ignores SIGTERM while it has targets: SIGKILL (it keeps
-		// nothing but the backing file, which the test owns).
-		cmd.Process.Kill()
-		<-exited
-		os.Remove("/var/run/tgtd/socket." + ctl)
-		os.Remove("/var/run/tgtd/socket." + ctl + ".lock")
+		once.Do(func() {
+			// tgtd ignores SIGTERM while it has targets: SIGKILL (it
+			// keeps nothing but the backing file, which the test owns).
+			cmd.Process.Kill()
+			<-exited
+			os.Remove("/var/run/tgtd/socket." + ctl)
+			os.Remove("/var/run/tgtd/socket." + ctl + ".lock")
+		})
 	}
 	// Ready when tgtadm answers on the control socket.
 	deadline := time.Now().Add(10 * time.Second)
@@ -232,12 +288,13 @@ func runTgtd(t *testing.T, port int, dir string) (string, bool) {
 		case <-exited:
 			log, _ := os.ReadFile(logPath)
 			t.Logf("tgtd on port %d exited: %s", port, log)
-			return ctl, false
+			return ctl, nil, false
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			stop()
-			t.Fatalf("tgtd on port %d did not answer tgtadm in 10 s", port)
+			t.Logf("tgtd on port %d did not answer tgtadm in 10 s", port)
+			return ctl, nil, false
 		}
 	}
 	// Only the log says whether tgtd got its portal: after a failed bind it
@@ -248,7 +305,7 @@ func runTgtd(t *testing.T, port int, dir string) (string, bool) {
 	if bytes.Contains(log, []byte("failed to create/bind")) || bytes.Contains(log, []byte("another tgtd")) {
 		stop()
 		t.Logf("tgtd could not use port %d: %s", port, log)
-		return ctl, false
+		return ctl, nil, false
 	}
 	t.Cleanup(func() {
 		stop()
@@ -257,5 +314,5 @@ func runTgtd(t *testing.T, port int, dir string) (string, bool) {
 			t.Logf("tgtd log:\n%s", tail(string(log), 40))
 		}
 	})
-	return ctl, true
+	return ctl, stop, true
 }

@@ -13,8 +13,15 @@ import (
 // goldenPDUs returns every captured PDU (raw bytes, digests included) and
 // the digests in force for it.
 func goldenPDUs(t testing.TB) (pdus [][]byte, digests []Digests) {
+	files := []string{}
 	for _, sc := range scenarios() {
-		for _, l := range loadTranscript(t, sc.file) {
+		files = append(files, sc.file)
+	}
+	for _, v := range openiscsiVectors() {
+		files = append(files, v.file)
+	}
+	for _, file := range files {
+		for _, l := range loadTranscript(t, file) {
 			_, h, _ := strings.Cut(l, " ")
 			b, err := hex.DecodeString(h)
 			if err != nil {
@@ -77,11 +84,31 @@ func FuzzReadPDU(f *testing.F) {
 		f.Add(p, false, uint16(4096))
 		f.Add(p, true, uint16(8192))
 	}
+	// Streams of several PDUs as open-iscsi sent them: its side of the
+	// small-burst session (the write with R2Ts answered by Data-Outs) and
+	// the target's (Data-Ins of 512 bytes).
+	for _, dir := range []string{"C", "S"} {
+		var stream []byte
+		for _, l := range loadTranscript(f, "openiscsi-vmsan-session-chap-mutual-small-burst.txt") {
+			if d, h, _ := strings.Cut(l, " "); d == dir {
+				b, _ := hex.DecodeString(h)
+				stream = append(stream, b...)
+			}
+		}
+		f.Add(stream, false, uint16(512))
+	}
 	f.Fuzz(func(t *testing.T, stream []byte, hdrDigest bool, maxData uint16) {
 		d := Digests{Header: hdrDigest}
 		br := bytes.NewReader(stream)
 		r := Reader{R: br, MaxData: int(maxData), Digests: d}
+		// Every other PDU's data segment goes to a caller's buffer (as
+		// a target reads write data into its command's buffer).
+		scratch := make([]byte, 1<<16)
 		for i := 0; i < 8; i++ {
+			r.DataBuffer = nil
+			if i%2 == 1 {
+				r.DataBuffer = func(_ PDU, n int) []byte { return scratch[:n] }
+			}
 			start := len(stream) - br.Len()
 			// A declared segment over the limit must be refused as such,
 			// whatever follows it (not read first and then refused).

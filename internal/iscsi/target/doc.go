@@ -39,6 +39,11 @@
 // of commands, and the reply queue bounds what the reader may queue ahead
 // of a slow writer.
 //
+// Data path: the reader reads write data straight into the command's
+// pooled buffer (session.dataBuffer), and the writer gathers queued PDUs
+// into one writev with long Data-In segments sent from the result's own
+// buffer (sendBuf), so neither direction copies or allocates per byte.
+//
 // Concurrency: one reader goroutine per connection decodes PDUs and
 // drives the session's state; one writer goroutine per connection assigns
 // StatSN and writes every PDU, so completions may arrive on any goroutine

@@ -11,6 +11,7 @@ import (
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
 	"github.com/vmsan/vmsan/internal/iscsi/text"
 	"github.com/vmsan/vmsan/internal/scsi"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 // session is one iSCSI session in full feature phase (one connection).
@@ -43,9 +44,16 @@ type session struct {
 	textAcc    text.Accumulator
 	textRest   []byte // the rest of a long Text Response
 	textTTT    uint32
+	textIn     bool // the initiator's Text Request continues (C bit) under textTTT
 
 	volIDs []uint64
 	ended  chan struct{}
+
+	// immBuf is the pooled buffer the reader chose for the immediate data
+	// of the SCSI Command being handled (dataBuffer); command takes it
+	// as the task's buffer, else the reader loop returns it to the pool.
+	// Only the reader goroutine touches it.
+	immBuf *[]byte
 }
 
 // task is one SCSI command in the session.
@@ -59,17 +67,26 @@ type task struct {
 	expOut    uint32
 	expIn     uint32
 	budget    int64
-	buf       []byte // data-out
+	buf       []byte  // data-out: all expOut bytes, (*bufp)[:expOut]
+	bufp      *[]byte // buf's pool handle (volrt.GetBuf)
 	received  uint32
 	unsolEnd  uint32
 	unsolNext uint32
 	unsolSN   uint32
 	nextR2T   uint32
 	r2tSN     uint32
-	pending   int // outstanding R2Ts
+	pending   int  // outstanding R2Ts
+	crcError  bool // a Data-Out of the task failed its data digest
 	executing bool
 	aborted   bool // INVARIANT: read and written under session.mu
 	done      chan struct{}
+
+	// Storage that saves allocations per command: the CDB when no AHS
+	// extends it, the Task handed to the logical units, the result's
+	// writer item.
+	cdbArr [16]byte
+	st     scsi.Task
+	out    out
 }
 
 // r2t is one outstanding R2T.
@@ -137,19 +154,70 @@ func (ss *session) end() {
 // run is the reader loop of full feature phase.
 func (ss *session) run() {
 	c := ss.c
+	if !ss.discovery {
+		c.rd.DataBuffer = ss.dataBuffer
+	}
+	defer ss.dropImm()
 	for {
 		f, err := c.rd.Read()
 		if err != nil {
-			if ss.readError(f, err) {
+			ok := ss.readError(f, err)
+			ss.dropImm()
+			if ok {
 				continue
 			}
 			return
 		}
 		c.lastRecv.Store(nowNano())
-		if err := ss.handle(f); err != nil {
+		err = ss.handle(f)
+		ss.dropImm()
+		if err != nil {
 			c.s.cfg.Logger.Info("iscsi: closing connection", "remote", c.log(), "initiator", ss.nexus.InitiatorName, "why", err)
 			return
 		}
+	}
+}
+
+// dataBuffer is the reader's pdu.Reader.DataBuffer: write data is read
+// straight into the pooled buffer the command executes from, as the NBD
+// server reads its payloads, instead of into a fresh segment that is then
+// copied (two allocations and a copy of every byte written). A SCSI
+// Command's immediate data goes to the start of a new EDTL-sized buffer
+// (immBuf, adopted by command); a Data-Out's data to its offset in its
+// task's buffer. Whatever does not fit, or has no live task collecting
+// data, gets nil (a fresh segment): the handlers then refuse or discard
+// it as before.
+//
+// A Data-Out that fails its checks in dataOut (offset, DataSN, TTT) has
+// already been written into the task's buffer; each such failure ends
+// the connection, and with it the task, so the bytes are never used.
+func (ss *session) dataBuffer(h pdu.PDU, n int) []byte {
+	switch h := h.(type) {
+	case *pdu.SCSICommand:
+		edtl := h.ExpectedDataTransferLength
+		if !h.Write || uint64(n) > uint64(edtl) || uint64(edtl) > uint64(ss.s.cfg.MaxTransfer) {
+			return nil
+		}
+		ss.dropImm()
+		ss.immBuf = volrt.GetBuf(int(edtl))
+		return (*ss.immBuf)[:n]
+	case *pdu.DataOut:
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		t := ss.tasks[h.ITT]
+		if t == nil || t.executing || t.aborted || uint64(h.BufferOffset)+uint64(n) > uint64(len(t.buf)) {
+			return nil
+		}
+		return t.buf[h.BufferOffset : int(h.BufferOffset)+n]
+	}
+	return nil
+}
+
+// dropImm returns an immediate-data buffer no command adopted.
+func (ss *session) dropImm() {
+	if ss.immBuf != nil {
+		volrt.PutBuf(ss.immBuf)
+		ss.immBuf = nil
 	}
 }
 
@@ -163,8 +231,20 @@ func (ss *session) readError(f pdu.Frame, err error) bool {
 		return false
 	case errors.As(err, &de) && !de.Header:
 		// Data digest error: the PDU was consumed; Reject it (RFC 7143
-		// 7.8), the initiator retries or aborts the task.
+		// 7.8). A command with bad immediate data is discarded and its
+		// CmdSN not taken: the initiator resends it or aborts it (RFC
+		// 7143 11.17.1).
 		ss.reject(pdu.RejectDataDigestError, f.BHS)
+		if h, ok := f.Header.(*pdu.DataOut); ok && !ss.discovery {
+			// A Data-Out: without recovery R2Ts (ErrorRecoveryLevel 0)
+			// the task ends in CHECK CONDITION once all its data is in
+			// (RFC 7143 7.8 b); until then the PDU counts as received
+			// so that the rest of the sequence is accepted.
+			if err := ss.dataOut(h, f, true); err != nil {
+				ss.s.cfg.Logger.Info("iscsi: closing connection", "remote", ss.c.log(), "initiator", ss.nexus.InitiatorName, "why", err)
+				return false
+			}
+		}
 		return true
 	case errors.Is(err, pdu.ErrTooLong):
 		// The data segment was not read: the stream is out of sync.
@@ -219,7 +299,7 @@ func (ss *session) handle(f pdu.Frame) error {
 			ss.reject(pdu.RejectProtocolError, f.BHS)
 			return nil
 		}
-		return ss.dataOut(h, f)
+		return ss.dataOut(h, f, false)
 	case *pdu.TaskMgmtRequest:
 		if ss.discovery {
 			ss.reject(pdu.RejectProtocolError, f.BHS)
@@ -338,7 +418,13 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		return bad(pdu.RejectInvalidPDUField)
 	}
 	t := &task{itt: h.ITT, rawLUN: h.LUN, lun: decodeLUN(h.LUN), counted: counted,
-		cdb: pdu.FullCDB(h, ahs), attr: scsiAttr(h.Attr), done: make(chan struct{})}
+		attr: scsiAttr(h.Attr), done: make(chan struct{})}
+	if len(ahs) == 0 {
+		t.cdbArr = h.CDB
+		t.cdb = t.cdbArr[:]
+	} else {
+		t.cdb = pdu.FullCDB(h, ahs)
+	}
 	if h.Write {
 		t.expOut = edtl
 		if h.Read {
@@ -384,8 +470,14 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	t.budget = need
 	ss.tasks[t.itt] = t
 	if t.expOut > 0 {
-		t.buf = make([]byte, t.expOut)
-		copy(t.buf, f.Data)
+		if p := ss.immBuf; p != nil && len(*p) == int(t.expOut) {
+			// The reader put the immediate data in place (dataBuffer).
+			t.bufp, ss.immBuf = p, nil
+		} else {
+			t.bufp = volrt.GetBuf(int(t.expOut))
+			copy(*t.bufp, f.Data)
+		}
+		t.buf = *t.bufp
 		t.received = uint32(len(f.Data))
 		t.unsolNext = t.received
 		t.unsolEnd = t.received
@@ -435,7 +527,9 @@ func (ss *session) sendR2Ts(rs []*r2t) {
 	}
 }
 
-func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame) error {
+// dataOut takes one Data-Out; corrupt says its data failed the digest
+// (the sequence is checked and advanced, the data is not used).
+func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame, corrupt bool) error {
 	ss.mu.Lock()
 	t := ss.tasks[h.ITT]
 	if t == nil || t.executing || t.aborted {
@@ -478,7 +572,11 @@ func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame) error {
 			return errors.New("F bit before the R2T's data was sent")
 		}
 	}
-	copy(t.buf[h.BufferOffset:], f.Data)
+	if corrupt {
+		t.crcError = true
+	} else if dst := t.buf[h.BufferOffset:]; len(f.Data) > 0 && &dst[0] != &f.Data[0] {
+		copy(dst, f.Data) // not read in place (dataBuffer)
+	}
 	t.received += n
 	ready := t.received == t.expOut
 	ss.mu.Unlock()
@@ -497,15 +595,22 @@ func (ss *session) execute(t *task) {
 		return
 	}
 	t.executing = true
+	crcError := t.crcError
 	ss.mu.Unlock()
+	if crcError {
+		// ABORTED COMMAND, PROTOCOL SERVICE CRC ERROR (RFC 7143 7.8,
+		// 4.5.1): the initiator retries the command.
+		ss.complete(t, &scsi.Result{Status: 0x02, Sense: senseFixed(0x0b, 0x47, 0x05)})
+		return
+	}
 	ss.s.bytesWritten.Add(uint64(len(t.buf)))
 	// More: another PDU is already buffered (likely the next command),
 	// the engine's write-gathering hint, as on the NBD path. Only the
 	// reader goroutine calls execute, so reading br is safe.
-	st := &scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
+	t.st = scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
 		DataOut: t.buf, ExpectedOut: t.expOut, ExpectedIn: t.expIn,
 		More: ss.c.br.Buffered() >= pdu.BHSLen}
-	ss.target.LUs.Execute(st, func(r *scsi.Result) { ss.complete(t, r) })
+	ss.target.LUs.Execute(&t.st, func(r *scsi.Result) { ss.complete(t, r) })
 }
 
 // complete is the LogicalUnits' done callback: it queues the result
@@ -521,23 +626,29 @@ func (ss *session) complete(t *task, r *scsi.Result) {
 		delete(ss.tasks, t.itt)
 	}
 	ss.used -= t.budget
-	t.buf = nil
+	// The logical units are done with DataOut once they call done.
+	volrt.PutBuf(t.bufp)
+	t.buf, t.bufp = nil, nil
+	t.st.DataOut = nil
 	ss.mu.Unlock()
-	finish := func() {
-		close(t.done)
-		if t.counted {
-			ss.slotDone()
-		}
-		ss.mu.Lock()
-		ss.cond.Broadcast()
-		ss.mu.Unlock()
-	}
 	if aborted {
 		r.Release()
-		finish()
+		ss.finish(t)
 		return
 	}
-	ss.c.post(&out{task: t, res: r, then: finish})
+	t.out = out{task: t, res: r, finished: ss}
+	ss.c.post(&t.out)
+}
+
+// finish ends a completed task once its result is written (or dropped).
+func (ss *session) finish(t *task) {
+	close(t.done)
+	if t.counted {
+		ss.slotDone()
+	}
+	ss.mu.Lock()
+	ss.cond.Broadcast()
+	ss.mu.Unlock()
 }
 
 // abortTasks marks the matching tasks aborted: those still collecting
@@ -570,7 +681,10 @@ func (ss *session) abortTasks(match func(*task) bool) []chan struct{} {
 			}
 		}
 		ss.used -= t.budget
-		t.buf = nil
+		// The buffer is dropped, not pooled: abortTasks may run on
+		// another session's goroutine (LUN reset) while this session's
+		// reader is still reading a Data-Out into it (dataBuffer).
+		t.buf, t.bufp = nil, nil
 		close(t.done)
 		if t.counted {
 			ss.slotDone()
@@ -684,29 +798,40 @@ func (ss *session) textReq(h *pdu.TextRequest, f pdu.Frame) error {
 		}
 		counted = true
 	}
+	// F is set exactly on the last response of the exchange, which
+	// carries the reserved TTT (RFC 7143 11.11.1, 11.11.4); an F=0
+	// response with a TTT asks for the initiator's next request.
 	send := func(data []byte, cont bool, ttt uint32) {
-		o := &out{h: &pdu.TextResponse{Final: !cont, Continue: cont, LUN: h.LUN, ITT: h.ITT, TTT: ttt},
+		o := &out{h: &pdu.TextResponse{Final: ttt == pdu.ReservedTag, Continue: cont, LUN: h.LUN, ITT: h.ITT, TTT: ttt},
 			data: data, status: true}
 		if counted {
 			o.then = ss.slotDone
 		}
 		ss.c.send(o)
 	}
-	if h.TTT != pdu.ReservedTag {
-		if h.TTT != ss.textTTT || ss.textRest == nil {
-			ss.textRest = nil
-			ss.reject(pdu.RejectInvalidPDUField, f.BHS)
-			if counted {
-				ss.slotDone()
-			}
-			return nil
-		}
+	switch {
+	case h.TTT == pdu.ReservedTag:
+		// A new exchange resets what an earlier one left (RFC 7143
+		// 11.10.4).
+		ss.textRest, ss.textIn = nil, false
+		ss.textAcc.Take()
+	case h.TTT == ss.textTTT && ss.textIn:
+		// The next part of the initiator's continued request.
+	case h.TTT == ss.textTTT && ss.textRest != nil:
 		ss.sendTextChunk(send)
 		return nil
+	default:
+		ss.textRest, ss.textIn = nil, false
+		ss.textAcc.Take()
+		ss.reject(pdu.RejectInvalidPDUField, f.BHS)
+		if counted {
+			ss.slotDone()
+		}
+		return nil
 	}
-	ss.textRest = nil
 	done, err := ss.textAcc.Add(f.Data, h.Continue)
 	if err != nil {
+		ss.textIn = false
 		ss.reject(pdu.RejectProtocolError, f.BHS)
 		if counted {
 			ss.slotDone()
@@ -714,11 +839,17 @@ func (ss *session) textReq(h *pdu.TextRequest, f pdu.Frame) error {
 		return nil
 	}
 	if !done {
+		// An empty response invites the rest (RFC 7143 11.10.2).
+		ss.textIn = true
 		ss.nextTTT++
+		if ss.nextTTT == pdu.ReservedTag {
+			ss.nextTTT = 1
+		}
 		ss.textTTT = ss.nextTTT
 		send(nil, false, ss.textTTT)
 		return nil
 	}
+	ss.textIn = false
 	pairs, err := text.Parse(ss.textAcc.Take())
 	if err != nil {
 		ss.reject(pdu.RejectProtocolError, f.BHS)

@@ -357,7 +357,7 @@ func TestWriteR2T(t *testing.T) {
 	if rsp, _ := expect[*pdu.SCSIResponse](i); rsp.Status != 0 || rsp.ITT != 1 {
 		t.Fatalf("write response %+v", rsp)
 	}
-	if !bytes.Equal(ts.lu.disk[:n], payload) {
+	if !ts.lu.equal(payload) {
 		t.Fatal("written data differs")
 	}
 	i.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 2, ExpectedDataTransferLength: n, CmdSN: i.cmdSN, CDB: readCDB(0, n/512)}, nil)
@@ -645,5 +645,72 @@ func TestSessionBudget(t *testing.T) {
 	}
 	if r2ts != 2 || busy != 1 {
 		t.Fatalf("%d R2Ts, %d BUSY; want 2 and 1", r2ts, busy)
+	}
+}
+
+// TestDataDigestErrors: at ErrorRecoveryLevel 0 a Data-Out whose data
+// fails the digest gets Reject 02 and its task ends, once the rest of
+// its data is in, with CHECK CONDITION 0B/47/05 without reaching the
+// logical unit (RFC 7143 7.8); a command whose immediate data fails it is
+// not taken, and the same CmdSN resent is (11.17.1).
+func TestDataDigestErrors(t *testing.T) {
+	ts := startServer(t, nil)
+	i := dial(t, ts.addr)
+	i.login("DataDigest", "CRC32C", "InitialR2T", "No")
+	i.dig = pdu.Digests{Data: true}
+	i.rd.Digests = i.dig
+	execs := ts.lu.execs.Load()
+	i.send(&pdu.SCSICommand{Write: true, ITT: 2, ExpectedDataTransferLength: 8192, CmdSN: i.cmdSN, CDB: writeCDB(0, 16)}, nil)
+	i.cmdSN++
+	b, _ := pdu.AppendPDU(nil, &pdu.DataOut{ITT: 2, TTT: pdu.ReservedTag}, nil, make([]byte, 4096), i.dig)
+	b[len(b)-1] ^= 0xff
+	i.c.Write(b)
+	if rj, _ := expect[*pdu.Reject](i); rj.Reason != pdu.RejectDataDigestError {
+		t.Fatalf("reject %v", rj.Reason)
+	}
+	i.send(&pdu.DataOut{Final: true, ITT: 2, TTT: pdu.ReservedTag, DataSN: 1, BufferOffset: 4096}, make([]byte, 4096))
+	rsp, f := expect[*pdu.SCSIResponse](i)
+	if rsp.ITT != 2 || rsp.Status != pdu.StatusCheckCondition || len(f.Data) < 16 || f.Data[2+2]&0x0f != 0x0b || f.Data[2+12] != 0x47 || f.Data[2+13] != 0x05 {
+		t.Fatalf("response %+v sense %x, want CHECK CONDITION 0B/47/05", rsp, f.Data)
+	}
+	if ts.lu.execs.Load() != execs {
+		t.Fatal("a write with corrupt data reached the logical unit")
+	}
+	// Bad immediate data: the command is dropped, its CmdSN still expected.
+	cmd := &pdu.SCSICommand{Final: true, Write: true, ITT: 3, ExpectedDataTransferLength: 512, CmdSN: i.cmdSN, CDB: writeCDB(0, 1)}
+	b, _ = pdu.AppendPDU(nil, cmd, nil, make([]byte, 512), i.dig)
+	b[len(b)-1] ^= 0xff
+	i.c.Write(b)
+	if rj, _ := expect[*pdu.Reject](i); rj.Reason != pdu.RejectDataDigestError {
+		t.Fatalf("reject %v", rj.Reason)
+	}
+	i.send(cmd, make([]byte, 512))
+	i.cmdSN++
+	if rsp, _ := expect[*pdu.SCSIResponse](i); rsp.ITT != 3 || rsp.Status != pdu.StatusGood {
+		t.Fatalf("resent command: %+v", rsp)
+	}
+}
+
+// TestTextContinued: a Text Request continued over two PDUs (C bit) gets
+// an empty F=0 answer with a TTT, which the second part carries; the
+// SendTargets answer then ends the exchange (F=1, TTT reserved).
+func TestTextContinued(t *testing.T) {
+	ts := startServer(t, nil)
+	i := dial(t, ts.addr)
+	i.login()
+	i.send(&pdu.TextRequest{Continue: true, Immediate: true, ITT: 5, TTT: pdu.ReservedTag, CmdSN: i.cmdSN}, []byte("SendTar"))
+	tr, f := expect[*pdu.TextResponse](i)
+	if tr.Final || tr.Continue || tr.TTT == pdu.ReservedTag || len(f.Data) != 0 {
+		t.Fatalf("answer to the first part: %+v %q", tr, f.Data)
+	}
+	i.send(&pdu.TextRequest{Final: true, Immediate: true, ITT: 5, TTT: tr.TTT, CmdSN: i.cmdSN}, []byte("gets=All\x00"))
+	tr, f = expect[*pdu.TextResponse](i)
+	if !tr.Final || tr.TTT != pdu.ReservedTag || !bytes.Contains(f.Data, []byte("TargetName="+testIQN)) {
+		t.Fatalf("SendTargets answer: %+v %q", tr, f.Data)
+	}
+	// A TTT the target did not give: Reject.
+	i.send(&pdu.TextRequest{Final: true, Immediate: true, ITT: 6, TTT: 0x1234, CmdSN: i.cmdSN}, []byte("SendTargets=All\x00"))
+	if rj, _ := expect[*pdu.Reject](i); rj.Reason != pdu.RejectInvalidPDUField {
+		t.Fatalf("reject %v", rj.Reason)
 	}
 }

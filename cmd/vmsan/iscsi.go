@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vmsan/vmsan/internal/doctor"
 	"github.com/vmsan/vmsan/internal/scsi"
 )
 
@@ -27,7 +28,10 @@ type multipathOpts struct {
 // loaded network. no_path_retry 30 queues I/O with no usable path for 30
 // checker intervals (150 s at multipathd's default 5 s): long enough for
 // a node failover's promote. Measured: docs/iscsi.md "Measured".
-var defaultMultipathOpts = multipathOpts{noPathRetry: 30, replacementTimeout: 2, noopInterval: 1, noopTimeout: 1}
+var defaultMultipathOpts = multipathOpts{noPathRetry: 30,
+	replacementTimeout: doctor.RecommendedReplacementTimeout,
+	noopInterval:       doctor.RecommendedNoopInterval,
+	noopTimeout:        doctor.RecommendedNoopTimeout}
 
 // writeMultipathConf prints a multipath.conf devices section for vmsan's
 // logical units and, as comments (so the whole output is still a valid

@@ -24,7 +24,9 @@
 # every path, builds one dm-multipath map with the device section that
 # `vmsan iscsi multipath-conf` prints, except the path selector, which is
 # the field case's "round-robin 0" (all paths in one group, I/O spread over
-# them; queue_if_no_path for no_path_retry checker intervals), makes ext4
+# them; queue_if_no_path for no_path_retry checker intervals), and the
+# open-iscsi timers printed with it (init-iscsi's MP_DEVICES,
+# REPLACEMENT_TIMEOUT, NOOP_INTERVAL, NOOP_TIMEOUT), makes ext4
 # on the map and runs bonnie++ once per read-ahead in RA_LIST (blockdev
 # --setra on the map and every path). One guest boot per target and cache
 # mode.
@@ -97,6 +99,12 @@ workdir; W=$WORKDIR
 # shellcheck disable=SC2086 # MP_CONF_ARGS: flags, split on spaces
 "$VMSAN" iscsi multipath-conf ${MP_CONF_ARGS:-} | sed 's/path_selector "service-time 0"/path_selector "round-robin 0"/' >"$OUT/multipath-device.conf"
 grep -q 'round-robin 0' "$OUT/multipath-device.conf" || die "vmsan iscsi multipath-conf: no path_selector line to replace"
+# iscsid_conf KEY: the open-iscsi setting that multipath-conf prints (as a
+# comment) with its device section; the guest's iscsid.conf gets it.
+iscsid_conf() { sed -n "s/^#.*\.$1 = \([0-9][0-9]*\)$/\1/p" "$OUT/multipath-device.conf" | head -1; }
+for k in replacement_timeout noop_out_interval noop_out_timeout; do
+	[ -n "$(iscsid_conf $k)" ] || die "vmsan iscsi multipath-conf: no $k in its output"
+done
 
 # --- targets ----------------------------------------------------------------
 
@@ -187,7 +195,6 @@ boot() {
 	local gd=$W/guest-$name
 	mkdir -p "$gd"
 	cp "$SCEN_ROOT/scenarios/guest/bonnie-multipath.sh" "$gd/test.sh"
-	cp "$OUT/multipath-device.conf" "$gd/mp-device.conf"
 	cat >"$gd/test.env" <<-EOF
 		PORTALS='$*'
 		IQN='$iqn'
@@ -199,8 +206,12 @@ boot() {
 		MP_VENDOR='VMSAN'
 		MP_PRODUCT='VOLUME'
 		CUT_RA='$([ "$cut" = 1 ] && echo "$CUT_RA")'
+		REPLACEMENT_TIMEOUT='$(iscsid_conf replacement_timeout)'
+		NOOP_INTERVAL='$(iscsid_conf noop_out_interval)'
+		NOOP_TIMEOUT='$(iscsid_conf noop_out_timeout)'
+		MP_DEVICES='$(sed "s/'/'\\\\''/g" "$OUT/multipath-device.conf")'
 	EOF
-	(cd "$gd" && printf '%s\n' test.sh test.env mp-device.conf | cpio -o -H newc --quiet -R 0:0 | gzip -1) >"$gd/overlay.gz"
+	(cd "$gd" && printf '%s\n' test.sh test.env | cpio -o -H newc --quiet -R 0:0 | gzip -1) >"$gd/overlay.gz"
 	cat "$GUEST/initramfs.gz" "$gd/overlay.gz" >"$gd/initrd.gz"
 	local console=$OUT/$name-console.txt cutter=
 	log "$name: guest boot, bonnie++ ${BONNIE_SIZE} MiB per read-ahead in: $RA_LIST$([ "$cut" = 1 ] && echo ", then ra=$CUT_RA with path 1 cut ($CUT)") (load $(loadavg))"
@@ -333,7 +344,7 @@ fi
 {
 	echo "## 000-iscsi-multipath ($(date -u '+%Y-%m-%d %H:%M UTC'), guest runs $elapsed s)"
 	echo
-	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1), $(grep -o 'fast_io_fail_tmo [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1); NOP-Out 2 s + 2 s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. The first vmsan boot and the tgt boot make one more run (read-ahead $CUT_RA) during which path 1 is cut ($CUT) $CUT_AFTER s after it started, for $CUT_SECS s. Longest probe write: the slowest of the guest's 4 KiB O_DIRECT writes through the map every 0.25 s during the run (round-robin sends some down the lost path: how long one I/O was held). Map stall: the longest time the map had requests in flight and completed none (0.5 s samples)."
+	echo "QEMU TCG guest ($GUEST_MEM MiB), Linux initiator, dm-multipath over $PATHS paths (round-robin 0, one group; $(grep -o 'no_path_retry [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1), $(grep -o 'fast_io_fail_tmo [0-9][0-9]*' "$OUT/multipath-device.conf" | head -1); open-iscsi replacement_timeout $(iscsid_conf replacement_timeout) s, NOP-Out $(iscsid_conf noop_out_interval) s + $(iscsid_conf noop_out_timeout) s), ext4 on the map; bonnie++ -s $BONNIE_SIZE -r $BONNIE_RAM -n 0 -f (block tests only). Volume ${VOLSIZE_MB} MiB sparse. K/s as bonnie++ prints them (KiB/s), %CP its CPU column (of the guest's one emulated CPU), latency its maximum per test. The first vmsan boot and the tgt boot make one more run (read-ahead $CUT_RA) during which path 1 is cut ($CUT) $CUT_AFTER s after it started, for $CUT_SECS s. Longest probe write: the slowest of the guest's 4 KiB O_DIRECT writes through the map every 0.25 s during the run (round-robin sends some down the lost path: how long one I/O was held). Map stall: the longest time the map had requests in flight and completed none (0.5 s samples)."
 	echo
 	echo "| target | cache | read-ahead | block out K/s | %CP | rewrite K/s | %CP | block in K/s | %CP | seeks /s | %CP | max latency out / rewrite / in / seeks | path cut | longest probe write | map stall | paths failed (most at once) | I/O errors (map / paths) |"
 	echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"

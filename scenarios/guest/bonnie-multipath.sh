@@ -10,11 +10,8 @@
 # it is told about; default 128 and 64; the guest's memory beyond BONNIE_RAM
 # is pinned in a tmpfs, so that the file does not fit in its page cache),
 # MP_VENDOR/MP_PRODUCT.
-# /mp-device.conf, if the host adds it: the multipath.conf devices section
-# to use instead of init-iscsi's (the scenario passes what
-# `vmsan iscsi multipath-conf` prints, with the field case's path
-# selector); init-iscsi's defaults and blacklist (no udev in the guest)
-# stay.
+# The multipath.conf device section and the open-iscsi timers come from
+# init-iscsi's MP_DEVICES, REPLACEMENT_TIMEOUT, NOOP_* in /test.env.
 #
 # CUT_RA: if set, one more run with that read-ahead, labelled "cut" (the
 # host cuts a path during it); the others are labelled with their
@@ -43,12 +40,6 @@
 RA_LIST=${RA_LIST:-256 16384}
 BONNIE_SIZE=${BONNIE_SIZE:-128}
 BONNIE_RAM=${BONNIE_RAM:-64}
-
-if [ -f /mp-device.conf ]; then
-	sed '/^devices {/,$d' /etc/multipath.conf >/tmp/mp.conf
-	cat /mp-device.conf >>/tmp/mp.conf
-	cp /tmp/mp.conf /etc/multipath.conf
-fi
 
 n=0
 for p in $PORTALS; do

@@ -394,6 +394,22 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		ss.mu.Unlock()
 		return answer(0x08, nil) // BUSY: the initiator retries
 	}
+	if g := ss.s.cfg.Budget; g != nil && need > 0 && !g.TryReserve(need) {
+		// The daemon-wide budget is spent (by other sessions or front
+		// ends). Not waiting: the reader must keep reading this
+		// session's Data-Outs, NOP-Outs and task management, or two
+		// sessions each waiting for the other's memory would deadlock.
+		// SAM-5 5.3: TASK SET FULL when the nexus has commands in the
+		// task set (Linux then lowers the queue depth), BUSY when it has
+		// none; both are retried by the initiator.
+		busy := ss.used == 0
+		ss.mu.Unlock()
+		ss.s.budgetRefused.Add(1)
+		if busy {
+			return answer(0x08, nil) // BUSY
+		}
+		return answer(0x28, nil) // TASK SET FULL
+	}
 	ss.used += need
 	t.budget = need
 	ss.tasks[t.itt] = t
@@ -417,6 +433,18 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	ss.mu.Unlock()
 	ss.execute(t)
 	return nil
+}
+
+// releaseBudget gives back what t holds of the session's and the
+// daemon's budgets and drops its data-out buffer; a second call does
+// nothing. REQUIRES: mu.
+func (ss *session) releaseBudget(t *task) {
+	ss.used -= t.budget
+	if g := ss.s.cfg.Budget; g != nil {
+		g.Release(t.budget)
+	}
+	t.budget = 0
+	t.buf = nil
 }
 
 // moreR2Ts creates the R2Ts the task may have outstanding. REQUIRES: mu.
@@ -547,8 +575,7 @@ func (ss *session) complete(t *task, r *scsi.Result) {
 	if ss.tasks[t.itt] == t {
 		delete(ss.tasks, t.itt)
 	}
-	ss.used -= t.budget
-	t.buf = nil
+	ss.releaseBudget(t)
 	ss.mu.Unlock()
 	finish := func() {
 		close(t.done)
@@ -596,8 +623,7 @@ func (ss *session) abortTasks(match func(*task) bool) []chan struct{} {
 				delete(ss.r2ts, ttt)
 			}
 		}
-		ss.used -= t.budget
-		t.buf = nil
+		ss.releaseBudget(t)
 		close(t.done)
 		if t.counted {
 			ss.slotDone()

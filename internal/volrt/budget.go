@@ -39,6 +39,7 @@ type Budget struct {
 	// FIFO tickets: a Reserve takes ticket next and proceeds when serving
 	// reaches it and its bytes fit. next == serving means nobody waits.
 	next, serving uint64
+	waiters       int // goroutines in cond.Wait: no Broadcast (syscall-free but not free) when 0
 
 	waits   atomic.Uint64 // Reserve calls that had to wait
 	refused atomic.Uint64 // TryReserve calls that failed
@@ -73,15 +74,19 @@ func (b *Budget) Reserve(n int64) {
 	b.next++
 	if ticket != b.serving || !b.fits(n) {
 		b.waits.Add(1)
+		b.waiters++
 		for ticket != b.serving || !b.fits(n) {
 			b.cond.Wait()
 		}
+		b.waiters--
 	}
 	b.serving++
 	b.used += n
+	wake := b.waiters > 0 // the next ticket may fit too
 	b.mu.Unlock()
-	// The next ticket may fit too.
-	b.cond.Broadcast()
+	if wake {
+		b.cond.Broadcast()
+	}
 	if b.parent != nil {
 		b.parent.Reserve(n)
 	}
@@ -131,8 +136,11 @@ func (b *Budget) Release(n int64) {
 func (b *Budget) release(n int64) {
 	b.mu.Lock()
 	b.used -= n
+	wake := b.waiters > 0
 	b.mu.Unlock()
-	b.cond.Broadcast()
+	if wake {
+		b.cond.Broadcast()
+	}
 }
 
 // Used is the number of bytes currently reserved.

@@ -104,8 +104,17 @@ type Reader struct {
 	MaxAHS int
 	// Digests to expect after the header and the data segment.
 	Digests Digests
+	// DataBuffer (optional) chooses where the data segment of a decoded
+	// PDU is read: it returns a slice of length n (then Frame.Data is
+	// that slice), or nil for a fresh allocation. A target reads write
+	// data straight into the command's buffer this way, with no copy and
+	// no allocation per PDU. It runs on the reading goroutine, after the
+	// lengths were checked against MaxData, and is not called for a PDU
+	// that failed to decode.
+	DataBuffer func(h PDU, n int) []byte
 
-	hdr [BHSLen + MaxTotalAHSLength + DigestLen]byte
+	hdr  [BHSLen + MaxTotalAHSLength + DigestLen]byte
+	tail [3 + DigestLen]byte // padding and data digest
 }
 
 // DefaultMaxRecvDataSegmentLength is the RFC's default
@@ -158,29 +167,46 @@ func (r *Reader) Read() (Frame, error) {
 			return f, &DigestError{Header: true, Got: got, Want: want}
 		}
 	}
+	// Decoded before the data segment is read, so that DataBuffer sees
+	// the header; a PDU that fails to decode is still consumed whole.
+	// From r.hdr, not f.BHS: Decode's interface call would move f to
+	// the heap (no PDU keeps a slice of the bytes it decodes).
+	h, herr := Decode(r.hdr[:BHSLen])
 	dl := int(l.DataSegmentLength)
 	var derr error
 	if dl > 0 {
-		tail := Pad(dl)
-		if r.Digests.Data {
-			tail += DigestLen
+		var buf []byte
+		if herr == nil && r.DataBuffer != nil {
+			if b := r.DataBuffer(h, dl); len(b) == dl {
+				buf = b
+			}
 		}
-		buf := make([]byte, dl+tail)
+		if buf == nil {
+			buf = make([]byte, dl)
+		}
+		tail := r.tail[:Pad(dl)]
+		if r.Digests.Data {
+			tail = r.tail[:Pad(dl)+DigestLen]
+		}
 		if _, err := io.ReadFull(r.R, buf); err != nil {
 			return f, unexpected(err)
 		}
+		if len(tail) > 0 {
+			if _, err := io.ReadFull(r.R, tail); err != nil {
+				return f, unexpected(err)
+			}
+		}
 		if r.Digests.Data {
-			p := dl + Pad(dl)
-			got, want := getDigest(buf[p:]), CRC32C(buf[:p])
-			if got != want {
+			p := Pad(dl)
+			want := crc32.Update(crc32.Update(0, castagnoli, buf), castagnoli, tail[:p])
+			if got := getDigest(tail[p:]); got != want {
 				derr = &DigestError{Got: got, Want: want}
 			}
 		}
 		f.Data = buf[:dl:dl]
 	}
-	h, err := Decode(f.BHS[:])
-	if err != nil {
-		return f, err
+	if herr != nil {
+		return f, herr
 	}
 	f.Header = h
 	return f, derr

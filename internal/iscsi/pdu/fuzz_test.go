@@ -101,7 +101,14 @@ func FuzzReadPDU(f *testing.F) {
 		d := Digests{Header: hdrDigest}
 		br := bytes.NewReader(stream)
 		r := Reader{R: br, MaxData: int(maxData), Digests: d}
+		// Every other PDU's data segment goes to a caller's buffer (as
+		// a target reads write data into its command's buffer).
+		scratch := make([]byte, 1<<16)
 		for i := 0; i < 8; i++ {
+			r.DataBuffer = nil
+			if i%2 == 1 {
+				r.DataBuffer = func(_ PDU, n int) []byte { return scratch[:n] }
+			}
 			start := len(stream) - br.Len()
 			// A declared segment over the limit must be refused as such,
 			// whatever follows it (not read first and then refused).

@@ -27,6 +27,9 @@ type out struct {
 
 	closeAfter bool // close the connection once this is written
 	then       func()
+	// finished, when set, has its finish(task) called after then: a
+	// completed command's end, without a closure per command.
+	finished *session
 }
 
 // conn is one TCP connection: its login, then its session's full feature
@@ -38,7 +41,10 @@ type conn struct {
 	rel  uint16 // relative target port identifier
 	rd   pdu.Reader
 	br   *bufio.Reader // rd's buffer: Buffered() feeds scsi.Task.More
-	bw   *bufio.Writer
+	bw   *sendBuf
+	// held are written items whose data bw still references: their
+	// buffers are released, and their then run, after the next flush.
+	held []*out
 
 	// Writer queue. INVARIANT: items are written in queue order; only
 	// the writer goroutine touches bw, statSN and dig after login.
@@ -49,8 +55,13 @@ type conn struct {
 	qclosed  bool
 	statSN   uint32
 	dig      pdu.Digests
-	peerMax  int // initiator's MaxRecvDataSegmentLength: Data-In/Text/NOP-In segment bound
-	burstMax int // negotiated MaxBurstLength: Data-In sequence bound
+	peerMax  int    // initiator's MaxRecvDataSegmentLength: Data-In/Text/NOP-In segment bound
+	burstMax int    // negotiated MaxBurstLength: Data-In sequence bound
+	spare    []*out // the writer's previous batch, reused as the next queue
+	// The writer's scratch headers for results (no allocation per PDU).
+	di  pdu.DataIn
+	rsp pdu.SCSIResponse
+	hdr [pdu.BHSLen + pdu.DigestLen]byte // writePDU's (Encode's interface call would move a local to the heap)
 
 	lastRecv atomic.Int64 // unix nanos of the last PDU read
 	draining atomic.Bool  // Shutdown: stop taking commands, close when idle
@@ -65,7 +76,7 @@ type conn struct {
 const queueLimit = 256
 
 func newConn(s *Server, nc net.Conn, tpgt, rel uint16) *conn {
-	c := &conn{s: s, nc: nc, tpgt: tpgt, rel: rel, bw: bufio.NewWriterSize(nc, 256<<10), wdone: make(chan struct{})}
+	c := &conn{s: s, nc: nc, tpgt: tpgt, rel: rel, bw: newSendBuf(nc), wdone: make(chan struct{})}
 	c.br = bufio.NewReaderSize(nc, 64<<10)
 	c.rd = pdu.Reader{R: c.br, MaxData: pdu.DefaultMaxRecvDataSegmentLength}
 	c.qcond.L = &c.qmu
@@ -158,12 +169,7 @@ func (c *conn) post(o *out) {
 // push appends o. REQUIRES: qmu held.
 func (c *conn) push(o *out) {
 	if c.qclosed {
-		if o.res != nil {
-			o.res.Release()
-		}
-		if o.then != nil {
-			o.then()
-		}
+		finishItem(o) // never written: release it as if it had been
 		return
 	}
 	c.q = append(c.q, o)
@@ -188,7 +194,7 @@ func (c *conn) writer() {
 		for len(c.q) == 0 && !c.qclosed {
 			if !failed && c.bw.Buffered() > 0 {
 				c.qmu.Unlock()
-				if err := c.bw.Flush(); err != nil {
+				if err := c.flush(); err != nil {
 					failed = true
 					c.nc.Close()
 				}
@@ -200,12 +206,13 @@ func (c *conn) writer() {
 		if len(c.q) == 0 {
 			c.qmu.Unlock()
 			if !failed {
-				c.bw.Flush()
+				c.flush()
 			}
+			c.finishHeld()
 			return
 		}
 		batch := c.q
-		c.q = nil
+		c.q = c.spare[:0]
 		c.space.Broadcast()
 		c.qmu.Unlock()
 		for _, o := range batch {
@@ -215,18 +222,56 @@ func (c *conn) writer() {
 					c.nc.Close()
 				}
 			}
-			if o.res != nil {
-				o.res.Release()
-			}
-			if o.then != nil {
-				o.then()
+			if c.bw.Refs() > 0 && !failed {
+				// Its data (or an earlier item's) is still referenced:
+				// done after the flush, in queue order.
+				c.held = append(c.held, o)
+			} else {
+				c.finishHeld()
+				finishItem(o)
 			}
 			if o.closeAfter && !failed {
-				c.bw.Flush()
+				c.flush()
 				failed = true // nothing more goes out
 				c.nc.Close()
 			}
 		}
+		if failed {
+			c.finishHeld()
+		}
+		clear(batch)
+		c.spare = batch
+	}
+}
+
+// flush writes what bw gathered, then finishes the items it referenced.
+// Only the writer goroutine (or login, before it starts) calls it.
+func (c *conn) flush() error {
+	err := c.bw.Flush()
+	c.finishHeld()
+	return err
+}
+
+// finishHeld finishes the held items (after a flush, or when nothing more
+// will be written).
+func (c *conn) finishHeld() {
+	for k, o := range c.held {
+		finishItem(o)
+		c.held[k] = nil
+	}
+	c.held = c.held[:0]
+}
+
+// finishItem releases a written item's result buffer and runs its then.
+func finishItem(o *out) {
+	if o.res != nil {
+		o.res.Release()
+	}
+	if o.then != nil {
+		o.then()
+	}
+	if o.finished != nil {
+		o.finished.finish(o.task)
 	}
 }
 
@@ -281,7 +326,7 @@ func (c *conn) writePDU(h pdu.PDU, data []byte, status bool) error {
 	l := h.Framing()
 	l.TotalAHSLength = 0
 	l.DataSegmentLength = uint32(len(data))
-	var hdr [pdu.BHSLen + pdu.DigestLen]byte
+	hdr := &c.hdr
 	if err := h.Encode(hdr[:pdu.BHSLen]); err != nil {
 		return err
 	}
@@ -296,7 +341,9 @@ func (c *conn) writePDU(h pdu.PDU, data []byte, status bool) error {
 	if len(data) == 0 {
 		return nil
 	}
-	if _, err := c.bw.Write(data); err != nil {
+	if len(data) >= refMin {
+		c.bw.Ref(data) // not copied: see sendBuf, writer's held
+	} else if _, err := c.bw.Write(data); err != nil {
 		return err
 	}
 	var pad [3]byte
@@ -312,6 +359,9 @@ func (c *conn) writePDU(h pdu.PDU, data []byte, status bool) error {
 		if _, err := c.bw.Write(d[:]); err != nil {
 			return err
 		}
+	}
+	if c.bw.Buffered() >= flushAt {
+		return c.flush()
 	}
 	return nil
 }
@@ -340,7 +390,8 @@ func (c *conn) writeResult(t *task, r *scsi.Result) error {
 			n = rem
 		}
 		last := off+n == len(data)
-		di := &pdu.DataIn{LUN: t.rawLUN, ITT: t.itt, TTT: pdu.ReservedTag, DataSN: dataSN,
+		di := &c.di
+		*di = pdu.DataIn{LUN: t.rawLUN, ITT: t.itt, TTT: pdu.ReservedTag, DataSN: dataSN,
 			BufferOffset: uint32(off), Final: last || (off+n)%c.burstMax == 0}
 		if last && piggy {
 			di.HasStatus, di.Final, di.Status = true, true, pdu.SCSIStatus(r.Status)
@@ -356,7 +407,8 @@ func (c *conn) writeResult(t *task, r *scsi.Result) error {
 	if piggy {
 		return nil
 	}
-	rsp := &pdu.SCSIResponse{ITT: t.itt, Status: pdu.SCSIStatus(r.Status), ExpDataSN: dataSN,
+	rsp := &c.rsp
+	*rsp = pdu.SCSIResponse{ITT: t.itt, Status: pdu.SCSIStatus(r.Status), ExpDataSN: dataSN,
 		Overflow: r.Overflow, Underflow: r.Underflow, ResidualCount: r.Residual}
 	if !r.Overflow && !r.Underflow {
 		rsp.ResidualCount = 0

@@ -43,6 +43,11 @@
 // nothing in flight; the reader never waits for memory) and
 // Config.MaxSessions the sessions (login status 0302 past it).
 //
+// Data path: the reader reads write data straight into the command's
+// pooled buffer (session.dataBuffer), and the writer gathers queued PDUs
+// into one writev with long Data-In segments sent from the result's own
+// buffer (sendBuf), so neither direction copies or allocates per byte.
+//
 // Concurrency: one reader goroutine per connection decodes PDUs and
 // drives the session's state; one writer goroutine per connection assigns
 // StatSN and writes every PDU, so completions may arrive on any goroutine

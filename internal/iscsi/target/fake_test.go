@@ -1,6 +1,7 @@
 package target
 
 import (
+	"bytes"
 	"encoding/binary"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,16 @@ type ramLU struct {
 }
 
 func newRAMLU(size int) *ramLU { return &ramLU{disk: make([]byte, size)} }
+
+// equal reports whether the disk starts with want. It locks like exec:
+// a response read from the socket orders nothing for the race detector
+// (the target gathers its writes with writev, which, unlike write, it
+// does not annotate).
+func (l *ramLU) equal(want []byte) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Equal(l.disk[:len(want)], want)
+}
 
 func sense(key, asc, ascq byte) *scsi.Result {
 	return &scsi.Result{Status: 0x02, Sense: senseFixed(key, asc, ascq)}

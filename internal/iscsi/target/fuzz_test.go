@@ -48,6 +48,11 @@ func FuzzSession(f *testing.F) {
 	f.Add(fuzzPDU(&pdu.SCSICommand{Final: true, Read: true, ITT: 2, ExpectedDataTransferLength: 4096, CmdSN: 1, CDB: readCDB(0, 8)}, nil))
 	f.Add(append(fuzzPDU(&pdu.SCSICommand{Write: true, ITT: 3, ExpectedDataTransferLength: 2048, CmdSN: 1, CDB: writeCDB(0, 4)}, make([]byte, 512)),
 		fuzzPDU(&pdu.DataOut{Final: true, ITT: 3, TTT: pdu.ReservedTag, BufferOffset: 512}, make([]byte, 1536))...))
+	// Immediate data, and a solicited Data-Out (the first R2T's TTT is 1),
+	// both read into the command's buffer.
+	f.Add(fuzzPDU(&pdu.SCSICommand{Final: true, Write: true, ITT: 8, ExpectedDataTransferLength: 4096, CmdSN: 1, CDB: writeCDB(0, 8)}, make([]byte, 4096)))
+	f.Add(append(fuzzPDU(&pdu.SCSICommand{Final: true, Write: true, ITT: 9, ExpectedDataTransferLength: 4096, CmdSN: 1, CDB: writeCDB(0, 8)}, make([]byte, 1024)),
+		fuzzPDU(&pdu.DataOut{Final: true, ITT: 9, TTT: 1, BufferOffset: 1024}, make([]byte, 3072))...))
 	f.Add(fuzzPDU(&pdu.TaskMgmtRequest{Immediate: true, Function: pdu.TMFAbortTask, ITT: 4, ReferencedTaskTag: 2, CmdSN: 1}, nil))
 	f.Add(fuzzPDU(&pdu.TextRequest{Final: true, ITT: 5, TTT: pdu.ReservedTag, CmdSN: 1}, keys("SendTargets", "All")))
 	f.Add(fuzzPDU(&pdu.LogoutRequest{ITT: 6, CmdSN: 1}, nil))

@@ -93,7 +93,7 @@ func (c *conn) login() *session {
 			rsp := &pdu.LoginResponse{ISID: req.ISID, ITT: req.ITT, CSG: ls.stage, Status: le.status,
 				StatusSNs: pdu.StatusSNs{StatSN: ls.statSN, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN}}
 			c.writePDU(rsp, nil, false)
-			c.bw.Flush()
+			c.flush()
 			return nil
 		}
 		rsp := &pdu.LoginResponse{ISID: req.ISID, ITT: req.ITT, CSG: req.CSG, TSIH: req.TSIH,
@@ -118,7 +118,7 @@ func (c *conn) login() *session {
 					c.s.countLoginStatus(st)
 					rsp.Transit, rsp.NSG, rsp.Status = false, 0, st
 					c.writePDU(rsp, nil, false)
-					c.bw.Flush()
+					c.flush()
 					return nil
 				}
 				rsp.TSIH = tsih
@@ -136,7 +136,7 @@ func (c *conn) login() *session {
 			}
 			return nil
 		}
-		if err := c.bw.Flush(); err != nil {
+		if err := c.flush(); err != nil {
 			if ss != nil {
 				c.s.unregister(ss)
 			}

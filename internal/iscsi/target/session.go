@@ -11,6 +11,7 @@ import (
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
 	"github.com/vmsan/vmsan/internal/iscsi/text"
 	"github.com/vmsan/vmsan/internal/scsi"
+	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 // session is one iSCSI session in full feature phase (one connection).
@@ -47,6 +48,12 @@ type session struct {
 
 	volIDs []uint64
 	ended  chan struct{}
+
+	// immBuf is the pooled buffer the reader chose for the immediate data
+	// of the SCSI Command being handled (dataBuffer); command takes it
+	// as the task's buffer, else the reader loop returns it to the pool.
+	// Only the reader goroutine touches it.
+	immBuf *[]byte
 }
 
 // task is one SCSI command in the session.
@@ -60,7 +67,8 @@ type task struct {
 	expOut    uint32
 	expIn     uint32
 	budget    int64
-	buf       []byte // data-out
+	buf       []byte  // data-out: all expOut bytes, (*bufp)[:expOut]
+	bufp      *[]byte // buf's pool handle (volrt.GetBuf)
 	received  uint32
 	unsolEnd  uint32
 	unsolNext uint32
@@ -72,6 +80,13 @@ type task struct {
 	executing bool
 	aborted   bool // INVARIANT: read and written under session.mu
 	done      chan struct{}
+
+	// Storage that saves allocations per command: the CDB when no AHS
+	// extends it, the Task handed to the logical units, the result's
+	// writer item.
+	cdbArr [16]byte
+	st     scsi.Task
+	out    out
 }
 
 // r2t is one outstanding R2T.
@@ -139,19 +154,70 @@ func (ss *session) end() {
 // run is the reader loop of full feature phase.
 func (ss *session) run() {
 	c := ss.c
+	if !ss.discovery {
+		c.rd.DataBuffer = ss.dataBuffer
+	}
+	defer ss.dropImm()
 	for {
 		f, err := c.rd.Read()
 		if err != nil {
-			if ss.readError(f, err) {
+			ok := ss.readError(f, err)
+			ss.dropImm()
+			if ok {
 				continue
 			}
 			return
 		}
 		c.lastRecv.Store(nowNano())
-		if err := ss.handle(f); err != nil {
+		err = ss.handle(f)
+		ss.dropImm()
+		if err != nil {
 			c.s.cfg.Logger.Info("iscsi: closing connection", "remote", c.log(), "initiator", ss.nexus.InitiatorName, "why", err)
 			return
 		}
+	}
+}
+
+// dataBuffer is the reader's pdu.Reader.DataBuffer: write data is read
+// straight into the pooled buffer the command executes from, as the NBD
+// server reads its payloads, instead of into a fresh segment that is then
+// copied (two allocations and a copy of every byte written). A SCSI
+// Command's immediate data goes to the start of a new EDTL-sized buffer
+// (immBuf, adopted by command); a Data-Out's data to its offset in its
+// task's buffer. Whatever does not fit, or has no live task collecting
+// data, gets nil (a fresh segment): the handlers then refuse or discard
+// it as before.
+//
+// A Data-Out that fails its checks in dataOut (offset, DataSN, TTT) has
+// already been written into the task's buffer; each such failure ends
+// the connection, and with it the task, so the bytes are never used.
+func (ss *session) dataBuffer(h pdu.PDU, n int) []byte {
+	switch h := h.(type) {
+	case *pdu.SCSICommand:
+		edtl := h.ExpectedDataTransferLength
+		if !h.Write || uint64(n) > uint64(edtl) || uint64(edtl) > uint64(ss.s.cfg.MaxTransfer) {
+			return nil
+		}
+		ss.dropImm()
+		ss.immBuf = volrt.GetBuf(int(edtl))
+		return (*ss.immBuf)[:n]
+	case *pdu.DataOut:
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		t := ss.tasks[h.ITT]
+		if t == nil || t.executing || t.aborted || uint64(h.BufferOffset)+uint64(n) > uint64(len(t.buf)) {
+			return nil
+		}
+		return t.buf[h.BufferOffset : int(h.BufferOffset)+n]
+	}
+	return nil
+}
+
+// dropImm returns an immediate-data buffer no command adopted.
+func (ss *session) dropImm() {
+	if ss.immBuf != nil {
+		volrt.PutBuf(ss.immBuf)
+		ss.immBuf = nil
 	}
 }
 
@@ -352,7 +418,13 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		return bad(pdu.RejectInvalidPDUField)
 	}
 	t := &task{itt: h.ITT, rawLUN: h.LUN, lun: decodeLUN(h.LUN), counted: counted,
-		cdb: pdu.FullCDB(h, ahs), attr: scsiAttr(h.Attr), done: make(chan struct{})}
+		attr: scsiAttr(h.Attr), done: make(chan struct{})}
+	if len(ahs) == 0 {
+		t.cdbArr = h.CDB
+		t.cdb = t.cdbArr[:]
+	} else {
+		t.cdb = pdu.FullCDB(h, ahs)
+	}
 	if h.Write {
 		t.expOut = edtl
 		if h.Read {
@@ -414,8 +486,14 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	t.budget = need
 	ss.tasks[t.itt] = t
 	if t.expOut > 0 {
-		t.buf = make([]byte, t.expOut)
-		copy(t.buf, f.Data)
+		if p := ss.immBuf; p != nil && len(*p) == int(t.expOut) {
+			// The reader put the immediate data in place (dataBuffer).
+			t.bufp, ss.immBuf = p, nil
+		} else {
+			t.bufp = volrt.GetBuf(int(t.expOut))
+			copy(*t.bufp, f.Data)
+		}
+		t.buf = *t.bufp
 		t.received = uint32(len(f.Data))
 		t.unsolNext = t.received
 		t.unsolEnd = t.received
@@ -436,15 +514,13 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 }
 
 // releaseBudget gives back what t holds of the session's and the
-// daemon's budgets and drops its data-out buffer; a second call does
-// nothing. REQUIRES: mu.
+// daemon's budgets; a second call does nothing. REQUIRES: mu.
 func (ss *session) releaseBudget(t *task) {
 	ss.used -= t.budget
 	if g := ss.s.cfg.Budget; g != nil {
 		g.Release(t.budget)
 	}
 	t.budget = 0
-	t.buf = nil
 }
 
 // moreR2Ts creates the R2Ts the task may have outstanding. REQUIRES: mu.
@@ -524,8 +600,8 @@ func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame, corrupt bool) error {
 	}
 	if corrupt {
 		t.crcError = true
-	} else {
-		copy(t.buf[h.BufferOffset:], f.Data)
+	} else if dst := t.buf[h.BufferOffset:]; len(f.Data) > 0 && &dst[0] != &f.Data[0] {
+		copy(dst, f.Data) // not read in place (dataBuffer)
 	}
 	t.received += n
 	ready := t.received == t.expOut
@@ -557,10 +633,10 @@ func (ss *session) execute(t *task) {
 	// More: another PDU is already buffered (likely the next command),
 	// the engine's write-gathering hint, as on the NBD path. Only the
 	// reader goroutine calls execute, so reading br is safe.
-	st := &scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
+	t.st = scsi.Task{Nexus: ss.nexus, LUN: t.lun, CDB: t.cdb, Tag: t.itt, Attr: t.attr,
 		DataOut: t.buf, ExpectedOut: t.expOut, ExpectedIn: t.expIn,
 		More: ss.c.br.Buffered() >= pdu.BHSLen}
-	ss.target.LUs.Execute(st, func(r *scsi.Result) { ss.complete(t, r) })
+	ss.target.LUs.Execute(&t.st, func(r *scsi.Result) { ss.complete(t, r) })
 }
 
 // complete is the LogicalUnits' done callback: it queues the result
@@ -576,22 +652,29 @@ func (ss *session) complete(t *task, r *scsi.Result) {
 		delete(ss.tasks, t.itt)
 	}
 	ss.releaseBudget(t)
+	// The logical units are done with DataOut once they call done.
+	volrt.PutBuf(t.bufp)
+	t.buf, t.bufp = nil, nil
+	t.st.DataOut = nil
 	ss.mu.Unlock()
-	finish := func() {
-		close(t.done)
-		if t.counted {
-			ss.slotDone()
-		}
-		ss.mu.Lock()
-		ss.cond.Broadcast()
-		ss.mu.Unlock()
-	}
 	if aborted {
 		r.Release()
-		finish()
+		ss.finish(t)
 		return
 	}
-	ss.c.post(&out{task: t, res: r, then: finish})
+	t.out = out{task: t, res: r, finished: ss}
+	ss.c.post(&t.out)
+}
+
+// finish ends a completed task once its result is written (or dropped).
+func (ss *session) finish(t *task) {
+	close(t.done)
+	if t.counted {
+		ss.slotDone()
+	}
+	ss.mu.Lock()
+	ss.cond.Broadcast()
+	ss.mu.Unlock()
 }
 
 // abortTasks marks the matching tasks aborted: those still collecting
@@ -624,6 +707,10 @@ func (ss *session) abortTasks(match func(*task) bool) []chan struct{} {
 			}
 		}
 		ss.releaseBudget(t)
+		// The buffer is dropped, not pooled: abortTasks may run on
+		// another session's goroutine (LUN reset) while this session's
+		// reader is still reading a Data-Out into it (dataBuffer).
+		t.buf, t.bufp = nil, nil
 		close(t.done)
 		if t.counted {
 			ss.slotDone()

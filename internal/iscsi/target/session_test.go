@@ -357,7 +357,7 @@ func TestWriteR2T(t *testing.T) {
 	if rsp, _ := expect[*pdu.SCSIResponse](i); rsp.Status != 0 || rsp.ITT != 1 {
 		t.Fatalf("write response %+v", rsp)
 	}
-	if !bytes.Equal(ts.lu.disk[:n], payload) {
+	if !ts.lu.equal(payload) {
 		t.Fatal("written data differs")
 	}
 	i.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 2, ExpectedDataTransferLength: n, CmdSN: i.cmdSN, CDB: readCDB(0, n/512)}, nil)

@@ -79,3 +79,65 @@ func TestDaemonBudgetAndMaxSessions(t *testing.T) {
 		t.Fatalf("budget refusals %d, want >= 2", st.Refused)
 	}
 }
+
+// TestDaemonBudgetImmediateData: a WRITE's immediate data is read into its
+// EDTL-sized buffer only with room in Config.Budget; that reservation
+// becomes the task's (counted once) and is given back when it completes,
+// and a refused command leaves nothing held.
+func TestDaemonBudgetImmediateData(t *testing.T) {
+	var global volrt.Budget
+	global.Init(1 << 20)
+	ts := startServer(t, func(c *Config, _ *Target) { c.Budget = &global })
+	i := dial(t, ts.addr)
+	i.login("InitialR2T", "Yes", "ImmediateData", "Yes")
+	data := make([]byte, 512<<10)
+	for k := range data {
+		data[k] = byte(k)
+	}
+	cmd := func(itt uint32, imm []byte) {
+		i.send(&pdu.SCSICommand{Final: true, Write: true, ITT: itt, ExpectedDataTransferLength: 512 << 10, CmdSN: i.cmdSN, CDB: writeCDB(0, 1024)}, imm)
+		i.cmdSN++
+	}
+	cmd(1, data[:8192])
+	cmd(2, data[:8192])
+	r1, _ := expect[*pdu.R2T](i)
+	expect[*pdu.R2T](i)
+	if u := global.Used(); u != 1<<20 {
+		t.Fatalf("budget used %d with two 512 KiB writes in flight, want 1 MiB (immediate data counted once)", u)
+	}
+	cmd(3, data[:8192])
+	for {
+		if h, ok := i.recv().Header.(*pdu.SCSIResponse); ok {
+			if h.ITT != 3 || h.Status != pdu.StatusTaskSetFull {
+				t.Fatalf("third write: ITT %d %v, want TASK SET FULL", h.ITT, h.Status)
+			}
+			break
+		}
+	}
+	if u := global.Used(); u != 1<<20 {
+		t.Fatalf("budget used %d after a refused write, want 1 MiB", u)
+	}
+	// Finish the first write: its part is given back.
+	for r := r1; ; {
+		if r != nil {
+			i.send(&pdu.DataOut{Final: true, ITT: r.ITT, TTT: r.TTT, BufferOffset: r.BufferOffset}, data[r.BufferOffset:r.BufferOffset+r.DesiredDataTransferLength])
+		}
+		r = nil
+		f := i.recv()
+		if h, ok := f.Header.(*pdu.R2T); ok && h.ITT == r1.ITT {
+			r = h
+			continue
+		}
+		if h, ok := f.Header.(*pdu.SCSIResponse); ok {
+			if h.ITT != r1.ITT || h.Status != pdu.StatusGood {
+				t.Fatalf("first write: ITT %d %v", h.ITT, h.Status)
+			}
+			break
+		}
+	}
+	for end := time.Now().Add(10 * time.Second); global.Used() != 512<<10; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("budget used %d after the first write completed, want 512 KiB", global.Used())
+		}
+	}
+}

@@ -171,24 +171,25 @@ func (c *Config) setDefaults() {
 
 // Stats are the server's counters.
 type Stats struct {
-	Accepted      uint64 `json:"accepted"`
-	ActiveConns   int64  `json:"active_connections"`
-	Sessions      int    `json:"sessions"`
-	Logins        uint64 `json:"logins"`
-	LoginFailures uint64 `json:"login_failures"`
-	Commands      uint64 `json:"commands"`
-	CheckStatus   uint64 `json:"check_conditions"`
-	Rejects       uint64 `json:"rejects"`
-	BytesRead     uint64 `json:"bytes_read"`
-	BytesWritten  uint64 `json:"bytes_written"`
-	Reinstated    uint64 `json:"reinstated"`
+	Accepted      uint64            `json:"accepted"`
+	ActiveConns   int64             `json:"active_connections"`
+	Sessions      int               `json:"sessions"`
+	Logins        uint64            `json:"logins"`
+	LoginFailures uint64            `json:"login_failures"`
+	Commands      uint64            `json:"commands"`
+	CheckStatus   uint64            `json:"check_conditions"`
+	Rejects       uint64            `json:"rejects"`
+	BytesRead     uint64            `json:"bytes_read"`
+	BytesWritten  uint64            `json:"bytes_written"`
+	Reinstated    uint64            `json:"reinstated"`
+	NopTimeouts   uint64            `json:"nop_timeouts"`
+	LoginStatuses map[string]uint64 `json:"login_statuses,omitempty"`
+
 	// SessionsRefused counts logins refused for MaxSessions;
 	// BudgetRefused commands answered BUSY/TASK SET FULL because the
 	// daemon-wide budget was spent.
-	SessionsRefused uint64            `json:"sessions_refused"`
-	BudgetRefused   uint64            `json:"budget_refused"`
-	NopTimeouts     uint64            `json:"nop_timeouts"`
-	LoginStatuses   map[string]uint64 `json:"login_statuses,omitempty"`
+	SessionsRefused uint64 `json:"sessions_refused"`
+	BudgetRefused   uint64 `json:"budget_refused"`
 }
 
 // errTooManySessions refuses a login past Config.MaxSessions.

@@ -66,8 +66,9 @@ type Config struct {
 	// memory frees. It must be at least MaxPayload.
 	Budget *volrt.Budget
 	// MaxConns bounds the connections open at once (default 1024); a
-	// connection past it is closed right after accept (before the
-	// handshake, as qemu-nbd does past --shared).
+	// connection past it is closed right after accept, before the
+	// greeting, so the client learns at once instead of waiting in the
+	// listen backlog.
 	MaxConns int
 	// HandshakeTimeout bounds option haggling (default 30s), so a client
 	// that connects and says nothing cannot hold a goroutine forever.

@@ -68,12 +68,25 @@ func (b *Budget) fits(n int64) bool { return b.used == 0 || b.used+n <= b.limit 
 // bytes that only that reader's next request would free); the NBD reader
 // satisfies this because its reservations are released by completions and
 // the writer, not by reading.
-func (b *Budget) Reserve(n int64) {
+func (b *Budget) Reserve(n int64) { b.ReserveWaiting(n, nil) }
+
+// ReserveWaiting is Reserve that calls beforeWait (if not nil) once
+// before it starts waiting, without holding any lock (e.g. to flush
+// buffered replies the client may be waiting for); it is not called when
+// the bytes fit at once.
+func (b *Budget) ReserveWaiting(n int64, beforeWait func()) {
 	b.mu.Lock()
 	ticket := b.next
 	b.next++
 	if ticket != b.serving || !b.fits(n) {
 		b.waits.Add(1)
+		if beforeWait != nil {
+			// The ticket keeps this reservation's place meanwhile; the
+			// loop below rechecks, so a release now is not missed.
+			b.mu.Unlock()
+			beforeWait()
+			b.mu.Lock()
+		}
 		b.waiters++
 		for ticket != b.serving || !b.fits(n) {
 			b.cond.Wait()
@@ -88,7 +101,7 @@ func (b *Budget) Reserve(n int64) {
 		b.cond.Broadcast()
 	}
 	if b.parent != nil {
-		b.parent.Reserve(n)
+		b.parent.ReserveWaiting(n, beforeWait)
 	}
 }
 

@@ -142,3 +142,30 @@ func TestBudgetFIFO(t *testing.T) {
 	b.Release(90)
 	<-small
 }
+
+// TestBudgetReserveWaiting: beforeWait runs only when the reservation has
+// to wait, before it waits, and a release meanwhile is not missed.
+func TestBudgetReserveWaiting(t *testing.T) {
+	var b Budget
+	b.Init(100)
+	calls := 0
+	b.ReserveWaiting(60, func() { calls++ })
+	if calls != 0 {
+		t.Fatalf("beforeWait called %d times for a reservation that fit", calls)
+	}
+	done := make(chan struct{})
+	go func() {
+		// Released while beforeWait runs: the reservation must still
+		// proceed (no lost wake-up).
+		b.ReserveWaiting(60, func() { calls++; b.Release(60) })
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("reservation missed the release made during beforeWait")
+	}
+	if calls != 1 || b.Used() != 60 {
+		t.Fatalf("beforeWait calls %d, used %d; want 1, 60", calls, b.Used())
+	}
+}

@@ -73,6 +73,7 @@ type txState struct {
 	dirty  bool          // guarded by wmu: bw holds unflushed replies
 
 	budget    volrt.Budget // payload bytes held in flight
+	flushFn   func()       // flushes buffered replies before budget waits
 	maxP      uint32       // negotiated max payload (<= cfg.MaxPayload)
 	minB      uint64
 	holesFrom int
@@ -101,6 +102,13 @@ func (c *conn) transmit() {
 		holesFrom: cfg.StructuredReadHoles,
 	}
 	t.budget.InitChild(cfg.MaxInflightBytes, cfg.Budget)
+	t.flushFn = func() { // made once: reserve must not allocate per request
+		t.wmu.Lock()
+		if t.dirty && !t.broken {
+			c.flushLocked(t)
+		}
+		t.wmu.Unlock()
+	}
 	t.bw = bufio.NewWriterSize(c.rw, 256<<10)
 	c.tx = t
 	writerDone := make(chan struct{})
@@ -198,18 +206,9 @@ func (c *conn) readPayload(t *txState, br *bufio.Reader, o *op) bool {
 // more from this client: backpressure, the client's requests queue in its
 // socket. It cannot deadlock on itself: what the connection holds is
 // released by completions and the writer, never by the reader. Replies
-// already buffered are flushed first, since the client may be waiting for
-// them before it sends anything else.
-func (c *conn) reserve(t *txState, n int64) {
-	if !t.budget.Fits(n) {
-		t.wmu.Lock()
-		if t.dirty && !t.broken {
-			c.flushLocked(t)
-		}
-		t.wmu.Unlock()
-	}
-	t.budget.Reserve(n)
-}
+// already buffered are flushed before waiting (t.flushFn), since the
+// client may be waiting for them before it sends anything else.
+func (c *conn) reserve(t *txState, n int64) { t.budget.ReserveWaiting(n, t.flushFn) }
 
 // Messages for protocol-level errors (constants, so no allocation).
 const (

@@ -677,7 +677,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metrics != nil {
 		go d.metrics.Serve(d.metricsLn)
 	}
-	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners())
+	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners(),
+		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit))
 	var runErr error
 	select {
 	case <-ctx.Done():

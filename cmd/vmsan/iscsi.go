@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vmsan/vmsan/internal/doctor"
 	"github.com/vmsan/vmsan/internal/scsi"
 )
 
@@ -17,6 +18,20 @@ type multipathOpts struct {
 	noopInterval       int // open-iscsi: NOP-Out ping interval (s)
 	noopTimeout        int // open-iscsi: NOP-Out answer timeout (s)
 }
+
+// defaultMultipathOpts are the recommended settings: a path lost without
+// a word (a silent network) is noticed by the NOP-Out ping within
+// noopInterval+noopTimeout seconds and its I/O goes to another path
+// replacementTimeout (fast_io_fail_tmo) seconds later, 4 s in all, inside
+// the 5 s path failover target; a closed connection takes only the
+// recovery timeout, 2 s. Shorter timers fail paths on hiccups of a
+// loaded network. no_path_retry 30 queues I/O with no usable path for 30
+// checker intervals (150 s at multipathd's default 5 s): long enough for
+// a node failover's promote. Measured: docs/iscsi.md "Measured".
+var defaultMultipathOpts = multipathOpts{noPathRetry: 30,
+	replacementTimeout: doctor.RecommendedReplacementTimeout,
+	noopInterval:       doctor.RecommendedNoopInterval,
+	noopTimeout:        doctor.RecommendedNoopTimeout}
 
 // writeMultipathConf prints a multipath.conf devices section for vmsan's
 // logical units and, as comments (so the whole output is still a valid
@@ -69,7 +84,7 @@ func init() {
 		Use:   "iscsi",
 		Short: "iSCSI helpers (the target itself runs in vmsan serve --iscsi-listen)",
 	}
-	o := multipathOpts{noPathRetry: 30, replacementTimeout: 5, noopInterval: 2, noopTimeout: 2}
+	o := defaultMultipathOpts
 	mc := &cobra.Command{
 		Use:   "multipath-conf",
 		Short: "Print a multipath.conf device section and open-iscsi timeouts for vmsan LUNs",

@@ -89,3 +89,17 @@ func TestMultipathConfFastIOFail(t *testing.T) {
 		}
 	}
 }
+
+// TestMultipathConfDefaultsMeetTarget: with the recommended timers a lost
+// path's I/O moves to another path within 5 s even when the loss is
+// silent (NOP-Out interval + timeout, then fast_io_fail_tmo). The guest
+// tests (tests/iscsiguest) run with exactly these values and measure it.
+func TestMultipathConfDefaultsMeetTarget(t *testing.T) {
+	o := defaultMultipathOpts
+	if worst := o.noopInterval + o.noopTimeout + o.replacementTimeout; worst > 5 {
+		t.Errorf("recommended timers fail a silent path over after up to %d s, want at most 5", worst)
+	}
+	if o.noPathRetry*5 < 60 {
+		t.Errorf("no_path_retry %d queues only %d s at the default polling interval: too short for a promote", o.noPathRetry, o.noPathRetry*5)
+	}
+}

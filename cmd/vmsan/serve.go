@@ -77,6 +77,9 @@ logged and ignored.`,
 	f.BoolVar(&fl.pprof, "pprof", false, "serve /debug/pprof on the metrics listener and the control socket")
 	f.StringVar(&fl.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&fl.maxPayload, "max-payload", "32M", "largest NBD READ/WRITE accepted")
+	f.StringVar(&fl.inflightBudget, "inflight-budget", "", "request payload bytes held in flight over all clients (default 1G or RAM/4, whichever is smaller)")
+	f.IntVar(&fl.maxConns, "max-connections", 0, "most NBD connections open at once (default 1024)")
+	f.IntVar(&fl.iscsiMaxSessions, "iscsi-max-sessions", 0, "most iSCSI sessions open at once (default 256)")
 	f.StringVar(&fl.tlsMode, "tls", "off", "TLS mode: off, optional or required")
 	f.StringVar(&fl.tlsCert, "tls-cert", "", "server certificate (PEM)")
 	f.StringVar(&fl.tlsKey, "tls-key", "", "server private key (PEM)")
@@ -91,6 +94,8 @@ type serveFlags struct {
 	tlsMode, tlsCert, tlsKey, tlsCA                 string
 	listen, iscsiListen                             []string
 	pprof                                           bool
+	inflightBudget                                  string
+	maxConns, iscsiMaxSessions                      int
 }
 
 // config builds serve's configuration: defaults, then the --config file,
@@ -136,6 +141,19 @@ func (fl *serveFlags) config(cmd *cobra.Command) (config.Config, error) {
 			return config.Config{}, err
 		}
 		cfg.MaxPayload = config.Size(n)
+	}
+	if f.Changed("inflight-budget") {
+		n, err := volume.ParseSize(fl.inflightBudget)
+		if err != nil {
+			return config.Config{}, err
+		}
+		cfg.InflightBudget = config.Size(n)
+	}
+	if f.Changed("max-connections") {
+		cfg.MaxConnections = fl.maxConns
+	}
+	if f.Changed("iscsi-max-sessions") {
+		cfg.ISCSI.MaxSessions = fl.iscsiMaxSessions
 	}
 	if f.Changed("tls") {
 		cfg.TLS.Mode = fl.tlsMode

@@ -222,8 +222,14 @@ type Config struct {
 	Pprof         bool     `yaml:"pprof,omitempty"`
 	LogLevel      string   `yaml:"log_level,omitempty"`
 	MaxPayload    Size     `yaml:"max_payload,omitempty"`
-	Engine        Engine   `yaml:"engine,omitempty"`
-	Volumes       []Volume `yaml:"volumes,omitempty"`
+	// InflightBudget bounds the request payload bytes the daemon holds in
+	// flight over all clients of all front ends (0: 1 GiB or a quarter of
+	// RAM, whichever is smaller; see DefaultInflightBudget).
+	InflightBudget Size `yaml:"inflight_budget,omitempty"`
+	// MaxConnections bounds open NBD connections (0: 1024).
+	MaxConnections int      `yaml:"max_connections,omitempty"`
+	Engine         Engine   `yaml:"engine,omitempty"`
+	Volumes        []Volume `yaml:"volumes,omitempty"`
 	// NoDefaultVolume stops the daemon from creating the 10 GiB "default"
 	// volume in an empty data directory.
 	NoDefaultVolume bool `yaml:"no_default_volume,omitempty"`
@@ -243,6 +249,21 @@ func Default() Config {
 		// Engine left zero: the I/O engine's own defaults apply (see
 		// ioengine.Config), so they are defined in one place.
 	}
+}
+
+// MinInflightBudget is the smallest inflight_budget: the largest iSCSI
+// transfer, so that one command always fits.
+const MinInflightBudget Size = 32 << 20
+
+// DefaultInflightBudget is the inflight_budget used when none is set: 1 GiB
+// or a quarter of RAM (ram, bytes; 0 if unknown), whichever is smaller,
+// never below MinInflightBudget or max_payload.
+func DefaultInflightBudget(ram uint64, maxPayload Size) Size {
+	b := Size(1 << 30)
+	if q := Size(ram / 4); ram > 0 && q < b {
+		b = q
+	}
+	return max(b, MinInflightBudget, maxPayload)
 }
 
 // maxConfigBytes bounds the config file read.
@@ -362,6 +383,14 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPayload != 0 && (c.MaxPayload < 4096 || c.MaxPayload > 1<<30) {
 		add("max_payload %d: want between 4K and 1G", c.MaxPayload)
+	}
+	// One request must always fit: the largest NBD payload and the
+	// largest iSCSI transfer (32 MiB).
+	if minB := max(c.MaxPayload, MinInflightBudget); c.InflightBudget != 0 && c.InflightBudget < minB {
+		add("inflight_budget %d: want at least %d (32M and max_payload)", c.InflightBudget, minB)
+	}
+	if c.MaxConnections < 0 || c.MaxConnections > 1<<20 {
+		add("max_connections %d: want 1..1048576 (0: default 1024)", c.MaxConnections)
 	}
 	validateEngine := func(where string, e Engine) {
 		if e.Workers < 0 || e.Workers > 1024 {

@@ -88,6 +88,10 @@ func TestParseErrors(t *testing.T) {
 		{"engine: {workers: -1}\n", "engine.workers"},
 		{"engine: {gather_delay: 5s}\n", "gather_delay"},
 		{"max_payload: 1\n", "max_payload"},
+		{"inflight_budget: 16M\n", "inflight_budget"},
+		{"max_payload: 64M\ninflight_budget: 48M\n", "inflight_budget"},
+		{"max_connections: -1\n", "max_connections"},
+		{"iscsi: {max_sessions: 70000}\n", "iscsi.max_sessions"},
 		{"metrics_listen: nope\n", "metrics_listen"},
 		{"listen: 5\n", `line 1: "listen" must be a list`},
 	}
@@ -148,5 +152,26 @@ func TestExampleFile(t *testing.T) {
 	if got != abs || len(c.Volumes) != 3 || c.Volumes[1].Engine.Workers != 8 || c.MetricsListen != "127.0.0.1:9109" ||
 		c.Volumes[2].Replication == nil || c.Volumes[2].Replication.Peer != "127.0.0.1:7790" {
 		t.Fatalf("%+v", c)
+	}
+}
+
+func TestDefaultInflightBudget(t *testing.T) {
+	for _, c := range []struct {
+		ram        uint64
+		maxPayload Size
+		want       Size
+	}{
+		{64 << 30, 32 << 20, 1 << 30},  // big host: 1 GiB
+		{2 << 30, 32 << 20, 512 << 20}, // RAM/4
+		{0, 32 << 20, 1 << 30},         // RAM unknown
+		{64 << 20, 32 << 20, 32 << 20}, // tiny host: still one request
+		{64 << 20, 64 << 20, 64 << 20}, // and one NBD max payload
+	} {
+		if got := DefaultInflightBudget(c.ram, c.maxPayload); got != c.want {
+			t.Errorf("DefaultInflightBudget(%d, %d) = %d, want %d", c.ram, c.maxPayload, got, c.want)
+		}
+	}
+	if _, err := Parse([]byte("inflight_budget: 256M\nmax_connections: 10\niscsi: {max_sessions: 5}\n")); err != nil {
+		t.Errorf("valid limits refused: %v", err)
 	}
 }

@@ -78,6 +78,8 @@ type ISCSI struct {
 	Targets []ISCSITarget `yaml:"targets,omitempty"`
 	// QueueDepth is the CmdSN window per session (default 128).
 	QueueDepth int `yaml:"queue_depth,omitempty"`
+	// MaxSessions bounds open sessions, discovery included (default 256).
+	MaxSessions int `yaml:"max_sessions,omitempty"`
 	// NopInterval pings idle initiators (default 5s; negative: never);
 	// NopTimeout closes a connection that stays silent after a ping
 	// (default 15s).
@@ -383,6 +385,9 @@ func (c *ISCSI) validate() []string {
 	}
 	if c.QueueDepth < 0 || c.QueueDepth > 4096 {
 		add("iscsi.queue_depth %d: want 1..4096", c.QueueDepth)
+	}
+	if c.MaxSessions < 0 || c.MaxSessions > 65535 {
+		add("iscsi.max_sessions %d: want 1..65535 (0: default 256)", c.MaxSessions)
 	}
 	return errs
 }

@@ -119,6 +119,9 @@ type Status struct {
 	// FrontEnds are the front ends' front-end-neutral statistics, with
 	// their connected clients.
 	FrontEnds []volrt.FrontEndStats `json:"front_ends,omitempty"`
+	// InflightBudget is the daemon-wide payload budget all front ends
+	// share (inflight_budget): limit, bytes in use, waits, refusals.
+	InflightBudget *volrt.BudgetStats `json:"inflight_budget,omitempty"`
 	// Server is the NBD server's statistics snapshot (also in FrontEnds'
 	// detail; kept so existing readers of this field keep working).
 	Server any `json:"server,omitempty"`

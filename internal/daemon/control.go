@@ -361,6 +361,8 @@ func (d *Daemon) hDelete(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) Status() Status {
 	st := Status{APIVersion: APIVersion, PID: os.Getpid(), DataDir: d.cfg.DataDir}
 	st.FrontEnds = d.frontEndStats()
+	bs := d.budget.Stats()
+	st.InflightBudget = &bs
 	clients := map[string][]volrt.Session{}
 	for _, fs := range st.FrontEnds {
 		st.Listeners = append(st.Listeners, fs.Listeners...)

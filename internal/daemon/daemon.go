@@ -109,7 +109,10 @@ type Daemon struct {
 	log   *slog.Logger
 	store *volume.Store
 	nbd   *nbdFrontEnd // the NBD entry of frontEnds (NBDAddrs, Server)
-	tls   *serverTLS   // nil when TLS is off
+	// budget is the daemon-wide in-flight payload budget every front
+	// end's per-connection budget reserves from (inflight_budget).
+	budget volrt.Budget
+	tls    *serverTLS // nil when TLS is off
 
 	// mu serialises changes to vols, and guards the fields of cfg that
 	// Reload changes (LogLevel, Volumes, TLS file names); the others are
@@ -269,6 +272,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
+	d.budget.Init(int64(d.inflightBudget()))
 	defer func() {
 		if err != nil {
 			d.closeAll()
@@ -673,7 +677,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metrics != nil {
 		go d.metrics.Serve(d.metricsLn)
 	}
-	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners())
+	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners(),
+		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit))
 	var runErr error
 	select {
 	case <-ctx.Done():

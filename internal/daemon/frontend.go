@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"context"
+	"syscall"
 
+	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -76,3 +78,21 @@ func (d *Daemon) newSessions(frontEnd string) *volrt.Sessions {
 	s.Watch(d.sessionChanged)
 	return s
 }
+
+// inflightBudget is the configured inflight_budget, or the default for
+// this host's RAM.
+func (d *Daemon) inflightBudget() config.Size {
+	if d.cfg.InflightBudget != 0 {
+		return d.cfg.InflightBudget
+	}
+	var si syscall.Sysinfo_t
+	var ram uint64
+	if syscall.Sysinfo(&si) == nil {
+		ram = uint64(si.Totalram) * uint64(si.Unit)
+	}
+	return config.DefaultInflightBudget(ram, d.cfg.MaxPayload)
+}
+
+// BudgetStats is the daemon-wide in-flight budget's snapshot (metrics,
+// status).
+func (d *Daemon) BudgetStats() volrt.BudgetStats { return d.budget.Stats() }

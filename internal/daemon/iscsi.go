@@ -63,7 +63,9 @@ const lunFileName = "iscsi-lun"
 // Block Limits VPD page's MAXIMUM TRANSFER LENGTH) and the session layer's
 // per-command bound: 32 MiB, what Linux's sd and libiscsi's suite issue
 // at most (its WRITE SAME tests write 65536 blocks in one WRITE(16)). A
-// session's in-flight data stays bounded by target.Config.SessionBudget.
+// session's in-flight data stays bounded by target.Config.SessionBudget,
+// and all of them by the daemon's inflight_budget (config.MinInflightBudget
+// keeps that at least this large).
 const iscsiMaxTransfer = 32 << 20
 
 func chapFrom(a *config.ISCSIAuth) (*target.CHAP, error) {
@@ -119,6 +121,8 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		DiscoveryAuth: f.discovery,
 		QueueDepth:    ic.QueueDepth,
 		MaxTransfer:   iscsiMaxTransfer,
+		Budget:        &d.budget,
+		MaxSessions:   ic.MaxSessions,
 		NopInterval:   time.Duration(ic.NopInterval),
 		NopTimeout:    time.Duration(ic.NopTimeout),
 		Logger:        d.log,
@@ -513,6 +517,7 @@ func (f *iscsiFrontEnd) Stats() volrt.FrontEndStats {
 		Requests:     st.Commands,
 		Clients:      f.sessions.List(),
 		Detail:       st,
+		Refused:      st.SessionsRefused,
 	}
 	for _, a := range f.addrs() {
 		fs.Listeners = append(fs.Listeners, a.String())

@@ -91,3 +91,6 @@ func (s metricsSource) Volumes() []metrics.Volume {
 
 // FrontEnds implements metrics.FrontEndSource.
 func (s metricsSource) FrontEnds() []volrt.FrontEndStats { return s.d.frontEndStats() }
+
+// Budget implements metrics.BudgetSource.
+func (s metricsSource) Budget() volrt.BudgetStats { return s.d.budget.Stats() }

@@ -46,6 +46,8 @@ func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 		TLSConfig:  tlsCfg,
 		TLSMode:    tlsMode(d.cfg.TLS.Mode),
 		MaxPayload: uint32(d.cfg.MaxPayload),
+		Budget:     &d.budget,
+		MaxConns:   d.cfg.MaxConnections,
 		Logger:     d.log,
 		Sessions:   f.sessions,
 	})
@@ -132,6 +134,7 @@ func (f *nbdFrontEnd) Stats() volrt.FrontEndStats {
 		Panics:         st.Panics,
 		HoleChunks:     st.HoleChunks,
 		Inflight:       st.InflightRequests,
+		Refused:        st.ConnsRefused,
 		Commands:       make([]volrt.CommandCount, len(st.Requests)),
 	}
 	for i, n := range st.Requests {

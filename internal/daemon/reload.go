@@ -53,7 +53,7 @@ func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load f
 //     rotational, read-only and description settings are applied when no
 //     client holds them (otherwise at the next restart);
 //   - everything else that differs (listeners, data_dir, metrics_listen,
-//     pprof, max_payload, TLS mode, engine tuning of open volumes,
+//     pprof, max_payload, inflight_budget, max_connections, TLS mode, engine tuning of open volumes,
 //     replication settings) is named in a log line as needing a restart.
 //
 // Validation and TLS loading happen before anything changes: an error
@@ -109,6 +109,12 @@ func (d *Daemon) Reload(next config.Config) error {
 	}
 	if next.MaxPayload != cur.MaxPayload {
 		restart("max_payload", "running", int64(cur.MaxPayload), "configured", int64(next.MaxPayload))
+	}
+	if next.InflightBudget != cur.InflightBudget {
+		restart("inflight_budget", "running", int64(cur.InflightBudget), "configured", int64(next.InflightBudget))
+	}
+	if next.MaxConnections != cur.MaxConnections {
+		restart("max_connections", "running", cur.MaxConnections, "configured", next.MaxConnections)
 	}
 	if next.TLS.Mode != cur.TLS.Mode {
 		restart("tls.mode", "running", cur.TLS.Mode, "configured", next.TLS.Mode)

@@ -230,10 +230,21 @@ const (
 	defNoop        = 5
 	// maxReplacement: with dm-multipath the session's replacement timeout
 	// is how long I/O on a dead path waits before multipath may retry it
-	// on another path; beyond ~15 s guests see stalls and their own SCSI
-	// timeouts (30 s in Linux guests) fire.
-	maxReplacement = 15
+	// on another path; above 5 s a path loss stalls the guest longer than
+	// vmsan's failover target, and beyond ~30 s the guest's own SCSI
+	// timeouts fire.
+	maxReplacement = 5
 	maxNoop        = 5
+)
+
+// The open-iscsi timers `vmsan iscsi multipath-conf` prints and the fixes
+// suggested here: a dead connection is noticed within NOP interval +
+// timeout (2 s) and its I/O moves to another path ReplacementTimeout (2 s)
+// later, about 4 s in all. Tested by the guest multipath tests.
+const (
+	RecommendedReplacementTimeout = 2
+	RecommendedNoopInterval       = 1
+	RecommendedNoopTimeout        = 1
 )
 
 func parseIscsid(s string) map[string]string {
@@ -283,17 +294,17 @@ func (e *env) iscsiCheck() Result {
 	var fixes []string
 	if rep < 0 || (rep > maxReplacement && multipath) {
 		r.Evidence += fmt.Sprintf("; with dm-multipath, I/O on a dead path waits %s s before another path may take it", reps)
-		fixes = append(fixes, fmt.Sprintf("%s = %d", keyReplacement, maxReplacement))
+		fixes = append(fixes, fmt.Sprintf("%s = %d", keyReplacement, RecommendedReplacementTimeout))
 	} else if rep > maxReplacement {
 		r.Evidence += "; no multipath.conf: a long timeout keeps single-path I/O queued through a reconnect, which is right"
 	}
 	if ni <= 0 || ni > maxNoop {
 		r.Evidence += "; a dead connection is noticed late (noop_out_interval 0 disables the check)"
-		fixes = append(fixes, fmt.Sprintf("%s = %d", keyNoopInterval, maxNoop))
+		fixes = append(fixes, fmt.Sprintf("%s = %d", keyNoopInterval, RecommendedNoopInterval))
 	}
 	if nt <= 0 || nt > maxNoop {
 		r.Evidence += "; noop_out_timeout delays path failure detection"
-		fixes = append(fixes, fmt.Sprintf("%s = %d", keyNoopTimeout, maxNoop))
+		fixes = append(fixes, fmt.Sprintf("%s = %d", keyNoopTimeout, RecommendedNoopTimeout))
 	}
 	if len(fixes) == 0 {
 		return r

@@ -383,9 +383,9 @@ func checkCases() []checkCase {
 		{name: "multipath no section", tree: "nosection", check: "client.multipath", want: Warn, ev: "no device section for vendor VMSAN"},
 		{name: "multipath absent", tree: "overlay", check: "client.multipath", want: OK, ev: "not present"},
 
-		{name: "iscsid good", tree: "good", check: "client.iscsi", want: OK, ev: "replacement_timeout 15"},
+		{name: "iscsid good", tree: "good", check: "client.iscsi", want: OK, ev: "replacement_timeout 2"},
 		{name: "iscsid defaults", tree: "bad", check: "client.iscsi", want: Warn, ev: "noop_out_timeout 5 (default)",
-			fix: "iscsiadm -m node -o update -n node.session.timeo.replacement_timeout -v 15"},
+			fix: "iscsiadm -m node -o update -n node.session.timeo.replacement_timeout -v 2"},
 		{name: "iscsid absent", tree: "overlay", check: "client.iscsi", want: OK, ev: "not present"},
 	}
 }

@@ -36,6 +36,13 @@
 //	frontend_requests_total, frontend_error_replies_total             {frontend}
 //	frontend_bytes_total                                              {frontend, direction}
 //	frontend_volume_clients                                           {frontend, volume}
+//	frontend_connections_refused_total (connection/session limit)     {frontend}
+//
+// The daemon-wide in-flight budget (when the Source also implements
+// BudgetSource):
+//
+//	inflight_budget_bytes, inflight_budget_used_bytes
+//	inflight_budget_waits_total (NBD readers paused), inflight_budget_refused_total (iSCSI BUSY/TASK SET FULL)
 //
 // Client addresses are not labels (unbounded cardinality): `vmsan status`
 // and /v1/status list them.
@@ -110,6 +117,12 @@ type ReplicaSource interface {
 // (daemon's: one entry per front end in its list).
 type FrontEndSource interface {
 	FrontEnds() []volrt.FrontEndStats
+}
+
+// BudgetSource is implemented by Sources with a daemon-wide in-flight
+// budget (the daemon's inflight_budget).
+type BudgetSource interface {
+	Budget() volrt.BudgetStats
 }
 
 // Source supplies snapshots at scrape time. Front ends come through
@@ -195,8 +208,14 @@ var (
 	dFEErrs     = desc("frontend_error_replies_total", "Replies carrying an error.", "frontend")
 	dFEBytes    = desc("frontend_bytes_total", "Payload bytes (read = sent to clients, write = received).", "frontend", "direction")
 	dFEClients  = desc("frontend_volume_clients", "Clients using the volume through the front end now.", "frontend", "volume")
+	dFERefused  = desc("frontend_connections_refused_total", "Connections (NBD) or logins (iSCSI) refused for the daemon's connection/session limit.", "frontend")
 
-	allDescs = []*prometheus.Desc{dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dNoSpace, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
+	dBudgetLimit   = desc("inflight_budget_bytes", "Daemon-wide bound on request payload bytes held in flight (inflight_budget).")
+	dBudgetUsed    = desc("inflight_budget_used_bytes", "Request payload bytes held in flight now, over all clients of all front ends.")
+	dBudgetWaits   = desc("inflight_budget_waits_total", "Reservations that waited for the daemon-wide budget (NBD: a connection stopped reading requests until memory freed).")
+	dBudgetRefused = desc("inflight_budget_refused_total", "Reservations refused because the daemon-wide budget was spent (iSCSI: a command answered BUSY or TASK SET FULL).")
+
+	allDescs = []*prometheus.Desc{dFERefused, dBudgetLimit, dBudgetUsed, dBudgetWaits, dBudgetRefused, dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dNoSpace, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
 		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
 	opNames = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
 
@@ -282,6 +301,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, f := range fs.FrontEnds() {
 			counter(dFEAccepted, f.Accepted, f.Name)
 			gauge(dFEActive, float64(f.Active), f.Name)
+			counter(dFERefused, f.Refused, f.Name)
 			counter(dFEReqs, f.Requests, f.Name)
 			counter(dFEErrs, f.ErrorReplies, f.Name)
 			counter(dFEBytes, f.BytesRead, f.Name, "read")
@@ -297,6 +317,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				collectNBD(ch, f)
 			}
 		}
+	}
+	if bs, ok := c.src.(BudgetSource); ok {
+		b := bs.Budget()
+		gauge(dBudgetLimit, float64(b.Limit))
+		gauge(dBudgetUsed, float64(b.Used))
+		counter(dBudgetWaits, b.Waits)
+		counter(dBudgetRefused, b.Refused)
 	}
 	if rs, ok := c.src.(ReplicaSource); ok {
 		for _, r := range rs.Replicas() {

@@ -767,3 +767,44 @@ func TestWriteProtectFollowsDevice(t *testing.T) {
 	f.dev.Meta.ReadOnly = false
 	f.good(f.n, cdb10(opWrite10, 0, 0, 1), blk, 0)
 }
+
+// TestStandbyPortNoWriteProtect: a replicated secondary's logical unit is
+// read-only (its device says so) and its port groups standby. MODE SENSE
+// on a standby port must not report WP: Linux's sd sets the disk
+// read-only from WP at scan time and does not re-read it when the port
+// becomes active, and dm-multipath then refuses to build a map over the
+// path (EROFS when it loads the table), so the promoted node could never
+// take the I/O. Through an active port a read-only device still reports
+// WP, and the software write protect (control page SWP) is reported on
+// every port.
+func TestStandbyPortNoWriteProtect(t *testing.T) {
+	f := newFixture(t)
+	n2 := &Nexus{InitiatorPort: "iqn.a,i,0x2", TargetName: "iqn.t", RelativePort: 2, PortGroup: 2}
+	f.ready(f.n)
+	f.ready(n2)
+	f.dev.Meta.ReadOnly = true
+	f.tg.SetPortGroupState(2, ALUAStandby)
+	f.check(n2, []byte{opTestUnitReady, 0, 0, 0, 0, 0}, nil, 0, KeyUnitAttention, 0x2A, 0x06)
+	f.check(f.n, []byte{opTestUnitReady, 0, 0, 0, 0, 0}, nil, 0, KeyUnitAttention, 0x2A, 0x06)
+	modeSense6 := []byte{opModeSense6, 0, 0x3F, 0, 255, 0}
+	modeSense10 := []byte{opModeSense10, 0, 0x3F, 0, 0, 0, 0, 0, 255, 0}
+	if r := f.good(n2, modeSense6, nil, 255); r.data[2]&0x80 != 0 {
+		t.Fatal("MODE SENSE(6) on a standby port reports WP")
+	}
+	if r := f.good(n2, modeSense10, nil, 255); r.data[3]&0x80 != 0 {
+		t.Fatal("MODE SENSE(10) on a standby port reports WP")
+	}
+	if r := f.good(f.n, modeSense6, nil, 255); r.data[2]&0x80 == 0 {
+		t.Fatal("MODE SENSE on an active port of a read-only device does not report WP")
+	}
+	// Software write protect (control page SWP) is the logical unit's own.
+	f.dev.Meta.ReadOnly = false
+	cur := f.good(f.n, []byte{opModeSense6, 0x08, 0x0A, 0, 255, 0}, nil, 255).data // control page, no block descriptor
+	ctl := append([]byte{0, 0, 0, 0}, cur[4:4+12]...)
+	ctl[4+4] |= 0x08 // SWP
+	f.good(f.n, []byte{opModeSelect6, 0x10, 0, 0, byte(len(ctl)), 0}, ctl, 0)
+	f.check(n2, modeSense6, nil, 255, KeyUnitAttention, 0x2A, 0x01) // MODE PARAMETERS CHANGED
+	if r := f.good(n2, modeSense6, nil, 255); r.data[2]&0x80 == 0 {
+		t.Fatal("MODE SENSE on a standby port does not report the software write protect")
+	}
+}

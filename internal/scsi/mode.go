@@ -102,7 +102,15 @@ func (c *cmd) modeSense() {
 		p += n
 	}
 	dsp := byte(0x10) // DPOFUA
-	if l.readOnly.Load() || l.swp.Load() {
+	// WP: the software write protect, and a read-only device except
+	// through a standby port. A replicated secondary's device is
+	// read-only and its ports are standby; the logical unit is writable
+	// through the active (primary's) ports. Linux's sd sets the disk
+	// read-only from WP when it scans a path and does not re-read it when
+	// the port turns active, and dm-multipath cannot load a map over a
+	// read-only path (EROFS): reporting WP there would leave the pair
+	// without a usable path after a promote.
+	if l.swp.Load() || l.readOnly.Load() && !c.standbyPort() {
 		dsp |= 0x80 // WP
 	}
 	if ten {

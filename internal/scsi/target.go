@@ -549,6 +549,15 @@ func (t *Target) Execute(task *Task, done func(*Result)) {
 	d.run(c)
 }
 
+// standbyPort reports whether c came in through a port group in the
+// standby state (the only non-active state in which MODE SENSE is served).
+func (c *cmd) standbyPort() bool {
+	if !c.t.aluaAny.Load() || c.task.Nexus == nil {
+		return false
+	}
+	return c.t.PortGroupState(c.task.Nexus.PortGroup) == ALUAStandby
+}
+
 // noNexus stands in for a transport that passes no Nexus (tests, tools).
 var noNexus = Nexus{InitiatorPort: "-", RelativePort: 1}
 

@@ -38,7 +38,10 @@
 //     for structured replies (and later SCSI GET LBA STATUS).
 //   - GetBuf/PutBuf (bufpool.go): the aligned payload pool (alignbuf, shared
 //     with the backend's O_DIRECT bounce buffers).
-//   - Budget (budget.go): the per-connection in-flight payload byte budget.
+//   - Budget (budget.go): in-flight payload byte budgets, per connection,
+//     each reserving from the daemon-wide parent every front end shares.
+//   - RateLog (ratelog.go): at most one log line per interval for events a
+//     client can trigger at will.
 //
 // Layering: volrt imports the engine, backend, volume store and the export
 // seam (export.Device, which replication's driver wraps); it imports no

@@ -156,6 +156,9 @@ type FrontEndStats struct {
 	Panics         uint64 `json:"-"` // recovered panics in connection handlers (each is a bug)
 	HoleChunks     uint64 `json:"-"` // hole pieces sent in reads (NBD: OFFSET_HOLE chunks)
 	Inflight       int64  `json:"-"` // requests received and not yet replied
+	// Refused counts connections (NBD) or logins (iSCSI) refused for the
+	// daemon's connection/session limit.
+	Refused uint64 `json:"refused"`
 	// Commands counts requests by the protocol's command name (lower
 	// case), every command listed, zeros included, so a rate works from
 	// the first scrape.

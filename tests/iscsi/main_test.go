@@ -48,6 +48,7 @@ const volSize = 64 << 20
 type vmsan struct {
 	*proc          // the process, its log and data directory
 	addr    string // iSCSI portal
+	nbd     string // NBD listener, host:port
 	raw     string // the volume's raw file
 	metrics string // Prometheus endpoint, host:port
 }
@@ -88,7 +89,7 @@ volumes:
     node_name: test
     nop_interval: 2s
 %s`, filepath.Join(dir, "data"), nbdPort, metrics, volSize, volumesYAML, addr, iscsiYAML)
-	v := &vmsan{proc: startProc(t, dir, cfg, addr), addr: addr, raw: filepath.Join(dir, "data", "volumes", "disk.raw"), metrics: metrics}
+	v := &vmsan{proc: startProc(t, dir, cfg, addr), addr: addr, nbd: fmt.Sprintf("127.0.0.1:%d", nbdPort), raw: filepath.Join(dir, "data", "volumes", "disk.raw"), metrics: metrics}
 	// Registered after startProc's cleanup, so it runs first and reports
 	// a daemon that does not drain.
 	t.Cleanup(func() { v.stop(t) })

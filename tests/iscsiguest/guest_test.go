@@ -68,6 +68,9 @@ type guestRun struct {
 	// OnLine, if set, is called from the console reader for every
 	// VMSAN-GUEST line (without the marker), in order, while the guest runs.
 	OnLine func(line string)
+	// Quiet, if set, keeps the lines it returns true for out of the test
+	// log (they are still in Lines and passed to OnLine).
+	Quiet func(line string) bool
 	// Answer, if set, is called after OnLine for every VMSAN-GUEST line;
 	// a non-empty return is typed into the guest's console as one line
 	// (init-iscsi's ask reads it): the host tells the guest that an
@@ -166,7 +169,9 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 			if i := strings.Index(l, guestMarker); i >= 0 {
 				msg := strings.TrimSpace(l[i+len(guestMarker):])
 				res.Lines = append(res.Lines, msg)
-				t.Logf("guest +%v: %s", time.Since(start).Round(100*time.Millisecond), msg)
+				if run.Quiet == nil || !run.Quiet(msg) {
+					t.Logf("guest +%v: %s", time.Since(start).Round(100*time.Millisecond), msg)
+				}
 				if run.OnLine != nil {
 					run.OnLine(msg)
 				}
@@ -185,6 +190,14 @@ func bootGuest(t *testing.T, guest string, run guestRun) *guestResult {
 	<-readerDone
 	res.Elapsed = time.Since(start)
 	res.Console = console.String()
+	// VMSAN_GUEST_CONSOLE_DIR keeps the console of every boot (the test's
+	// temporary directory goes away when it passes).
+	if keep := os.Getenv("VMSAN_GUEST_CONSOLE_DIR"); keep != "" {
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + ".console.log"
+		if err := os.WriteFile(filepath.Join(keep, name), console.Bytes(), 0o644); err != nil {
+			t.Logf("VMSAN_GUEST_CONSOLE_DIR: %v", err)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(dir, "console.log"), console.Bytes(), 0o644); err == nil {
 		t.Logf("guest console: %s (%v)", filepath.Join(dir, "console.log"), res.Elapsed.Round(100*time.Millisecond))
 	}

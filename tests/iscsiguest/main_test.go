@@ -4,8 +4,11 @@
 // against an iSCSI target on the host: discovery (with CHAP), CHAP login,
 // SCSI identity and persistent reservations, O_DIRECT pattern I/O,
 // discard, logout, the target restarted (gracefully, then kill -9) with
-// the data intact, and the golden-vector session (TestGuestLogin), and two paths under dm-multipath with one path cut and
-// restored while a writer runs (TestGuestMultipath).
+// the data intact, and the golden-vector session (TestGuestLogin), two
+// paths under dm-multipath with one path cut and restored while a writer
+// runs (TestGuestMultipath), and a replicated pair of vmsan nodes as one
+// logical unit on two paths, its primary killed and its secondary
+// promoted while a writer runs (TestGuestPairFailover, vmsan only).
 //
 // The guest is scripts/guest/build.sh --iscsi (cached in .cache/guest-iscsi);
 // each test appends a second archive with its script (testdata/*.sh) and a
@@ -14,7 +17,8 @@
 // host's loopback at 10.0.2.2, so the target listens on 127.0.0.1 and
 // nothing on the host is logged in to anything.
 //
-// The targets under test: each test runs as subtests "tgt" and "vmsan",
+// The targets under test: TestGuestLogin and TestGuestMultipath run as
+// subtests "tgt" and "vmsan",
 // one per target; VMSAN_ISCSI_TARGET=tgt, vmsan or external runs only
 // that one. tgt starts tgtd (Linux SCSI target framework) on a file, in
 // the foreground, with its own portal and control port. vmsan builds

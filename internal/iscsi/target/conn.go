@@ -169,15 +169,7 @@ func (c *conn) post(o *out) {
 // push appends o. REQUIRES: qmu held.
 func (c *conn) push(o *out) {
 	if c.qclosed {
-		if o.res != nil {
-			o.res.Release()
-		}
-		if o.then != nil {
-			o.then()
-		}
-		if o.finished != nil {
-			o.finished.finish(o.task)
-		}
+		finishItem(o) // never written: release it as if it had been
 		return
 	}
 	c.q = append(c.q, o)

@@ -37,7 +37,11 @@
 // Config.SessionBudget (a command that does not fit is answered BUSY
 // unless nothing else is in flight), the CmdSN window bounds the number
 // of commands, and the reply queue bounds what the reader may queue ahead
-// of a slow writer.
+// of a slow writer. Over all sessions, Config.Budget (the daemon's,
+// shared with other front ends) bounds the same bytes (a command that
+// does not fit is answered TASK SET FULL, or BUSY when its session has
+// nothing in flight; the reader never waits for memory) and
+// Config.MaxSessions the sessions (login status 0302 past it).
 //
 // Data path: the reader reads write data straight into the command's
 // pooled buffer (session.dataBuffer), and the writer gathers queued PDUs

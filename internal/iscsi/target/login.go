@@ -106,9 +106,17 @@ func (c *conn) login() *session {
 				ss = ls.newSession(req)
 				tsih, err := c.s.register(ss, req.TSIH)
 				if err != nil {
+					// RFC 7143 11.13.5: 0x0302 "out of resources" when
+					// the target has no room for another session (the
+					// initiator may retry later), 0x0301 otherwise.
+					st := pdu.LoginServiceUnavailable
+					if errors.Is(err, errTooManySessions) {
+						st = pdu.LoginOutOfResources
+						c.s.logRefusal(c, err)
+					}
 					c.s.loginFailures.Add(1)
-					c.s.countLoginStatus(pdu.LoginServiceUnavailable)
-					rsp.Transit, rsp.NSG, rsp.Status = false, 0, pdu.LoginServiceUnavailable
+					c.s.countLoginStatus(st)
+					rsp.Transit, rsp.NSG, rsp.Status = false, 0, st
 					c.writePDU(rsp, nil, false)
 					c.flush()
 					return nil

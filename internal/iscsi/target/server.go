@@ -105,6 +105,16 @@ type Config struct {
 	// SessionBudget bounds the data bytes of in-flight commands of one
 	// session (default 64 MiB).
 	SessionBudget int64
+	// Budget, when set, is the daemon-wide in-flight budget every
+	// session's commands also reserve from (shared with other front
+	// ends); a command that does not fit is answered TASK SET FULL (or
+	// BUSY when its session has nothing in flight). It must be at least
+	// MaxTransfer.
+	Budget *volrt.Budget
+	// MaxSessions bounds the sessions (normal and discovery) open at once
+	// (default 256); a login past it is answered "out of resources"
+	// (0x0302). Reinstating an existing session is always allowed.
+	MaxSessions int
 	// NopInterval is how long a connection may be idle before the target
 	// pings it with a NOP-In (default 5s; negative disables pings), and
 	// NopTimeout how long it then waits for any PDU before closing the
@@ -132,6 +142,7 @@ func (c *Config) setDefaults() {
 	def(&c.FirstBurstLength, 256<<10)
 	def(&c.MaxOutstandingR2T, 8)
 	def(&c.MaxTransfer, 32<<20)
+	def(&c.MaxSessions, 256)
 	c.MaxRecvDataSegmentLength = min(max(c.MaxRecvDataSegmentLength, 512), pdu.MaxDataSegmentLength)
 	c.MaxBurstLength = min(max(c.MaxBurstLength, 512), pdu.MaxDataSegmentLength)
 	c.FirstBurstLength = min(max(c.FirstBurstLength, 512), c.MaxBurstLength)
@@ -173,7 +184,16 @@ type Stats struct {
 	Reinstated    uint64            `json:"reinstated"`
 	NopTimeouts   uint64            `json:"nop_timeouts"`
 	LoginStatuses map[string]uint64 `json:"login_statuses,omitempty"`
+
+	// SessionsRefused counts logins refused for MaxSessions;
+	// BudgetRefused commands answered BUSY/TASK SET FULL because the
+	// daemon-wide budget was spent.
+	SessionsRefused uint64 `json:"sessions_refused"`
+	BudgetRefused   uint64 `json:"budget_refused"`
 }
+
+// errTooManySessions refuses a login past Config.MaxSessions.
+var errTooManySessions = errors.New("iscsi target: too many sessions")
 
 // ErrServerClosed is returned by Serve after Shutdown or Close.
 var ErrServerClosed = errors.New("iscsi target: server closed")
@@ -203,9 +223,19 @@ type Server struct {
 
 	accepted, logins, loginFailures, commands, checks, rejects atomic.Uint64
 	bytesRead, bytesWritten, reinstated, nopTimeouts           atomic.Uint64
+	sessionsRefused, budgetRefused                             atomic.Uint64
 	active                                                     atomic.Int64
 	statusMu                                                   sync.Mutex
 	loginStatuses                                              map[string]uint64
+	refusalLog                                                 volrt.RateLog
+}
+
+// logRefusal logs a login refused for a limit, at most once per 10 s.
+func (s *Server) logRefusal(c *conn, err error) {
+	if ok, n := s.refusalLog.Allow(); ok {
+		s.cfg.Logger.Warn("iscsi: login refused: session limit reached (iscsi.max_sessions)",
+			"remote", c.log(), "max_sessions", s.cfg.MaxSessions, "refused_since_last_line", n, "err", err)
+	}
 }
 
 // New returns a server; call Serve for each listener.
@@ -345,6 +375,7 @@ func (s *Server) Stats() Stats {
 		Logins: s.logins.Load(), LoginFailures: s.loginFailures.Load(), Commands: s.commands.Load(),
 		CheckStatus: s.checks.Load(), Rejects: s.rejects.Load(), BytesRead: s.bytesRead.Load(),
 		BytesWritten: s.bytesWritten.Load(), Reinstated: s.reinstated.Load(), NopTimeouts: s.nopTimeouts.Load(),
+		SessionsRefused: s.sessionsRefused.Load(), BudgetRefused: s.budgetRefused.Load(),
 		LoginStatuses: map[string]uint64{}}
 	s.statusMu.Lock()
 	for k, v := range s.loginStatuses {
@@ -430,6 +461,10 @@ func (s *Server) register(ss *session, tsih uint16) (uint16, error) {
 	if cur := s.sessions[k]; cur != nil && cur != old {
 		// A concurrent login reinstated it first.
 		return 0, errors.New("iscsi target: concurrent login for the same session")
+	}
+	if old == nil && len(s.byTSIH) >= s.cfg.MaxSessions {
+		s.sessionsRefused.Add(1)
+		return 0, errTooManySessions
 	}
 	if tsih == 0 {
 		for {

@@ -52,8 +52,11 @@ type session struct {
 	// immBuf is the pooled buffer the reader chose for the immediate data
 	// of the SCSI Command being handled (dataBuffer); command takes it
 	// as the task's buffer, else the reader loop returns it to the pool.
-	// Only the reader goroutine touches it.
+	// Only the reader goroutine touches it. immRes is what the reader
+	// reserved of the daemon-wide budget (Config.Budget) for immBuf:
+	// command hands it to the task, dropImm gives it back.
 	immBuf *[]byte
+	immRes int64
 }
 
 // task is one SCSI command in the session.
@@ -199,6 +202,16 @@ func (ss *session) dataBuffer(h pdu.PDU, n int) []byte {
 			return nil
 		}
 		ss.dropImm()
+		// The EDTL-sized buffer counts against the daemon-wide budget
+		// from now on, or a client could make every session hold one
+		// while it trickles the segment in; without room, a fresh
+		// segment of n bytes (bounded by MaxRecvDataSegmentLength).
+		if g := ss.s.cfg.Budget; g != nil {
+			if !g.Fits(int64(edtl)) || !g.TryReserve(int64(edtl)) {
+				return nil
+			}
+			ss.immRes = int64(edtl)
+		}
 		ss.immBuf = volrt.GetBuf(int(edtl))
 		return (*ss.immBuf)[:n]
 	case *pdu.DataOut:
@@ -218,6 +231,10 @@ func (ss *session) dropImm() {
 	if ss.immBuf != nil {
 		volrt.PutBuf(ss.immBuf)
 		ss.immBuf = nil
+	}
+	if ss.immRes != 0 {
+		ss.s.cfg.Budget.Release(ss.immRes)
+		ss.immRes = 0
 	}
 }
 
@@ -466,6 +483,26 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		ss.mu.Unlock()
 		return answer(0x08, nil) // BUSY: the initiator retries
 	}
+	// The reader may already hold part of it for the immediate data
+	// (dataBuffer); the task takes that over.
+	held := min(ss.immRes, need)
+	if g := ss.s.cfg.Budget; g != nil && need > held && !g.TryReserve(need-held) {
+		// The daemon-wide budget is spent (by other sessions or front
+		// ends). Not waiting: the reader must keep reading this
+		// session's Data-Outs, NOP-Outs and task management, or two
+		// sessions each waiting for the other's memory would deadlock.
+		// SAM-5 5.3: TASK SET FULL when the nexus has commands in the
+		// task set (Linux then lowers the queue depth), BUSY when it has
+		// none; both are retried by the initiator.
+		busy := ss.used == 0
+		ss.mu.Unlock()
+		ss.s.budgetRefused.Add(1)
+		if busy {
+			return answer(0x08, nil) // BUSY
+		}
+		return answer(0x28, nil) // TASK SET FULL
+	}
+	ss.immRes -= held // the rest, if any, dropImm gives back
 	ss.used += need
 	t.budget = need
 	ss.tasks[t.itt] = t
@@ -495,6 +532,16 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	ss.mu.Unlock()
 	ss.execute(t)
 	return nil
+}
+
+// releaseBudget gives back what t holds of the session's and the
+// daemon's budgets; a second call does nothing. REQUIRES: mu.
+func (ss *session) releaseBudget(t *task) {
+	ss.used -= t.budget
+	if g := ss.s.cfg.Budget; g != nil {
+		g.Release(t.budget)
+	}
+	t.budget = 0
 }
 
 // moreR2Ts creates the R2Ts the task may have outstanding. REQUIRES: mu.
@@ -625,7 +672,7 @@ func (ss *session) complete(t *task, r *scsi.Result) {
 	if ss.tasks[t.itt] == t {
 		delete(ss.tasks, t.itt)
 	}
-	ss.used -= t.budget
+	ss.releaseBudget(t)
 	// The logical units are done with DataOut once they call done.
 	volrt.PutBuf(t.bufp)
 	t.buf, t.bufp = nil, nil
@@ -680,7 +727,7 @@ func (ss *session) abortTasks(match func(*task) bool) []chan struct{} {
 				delete(ss.r2ts, ttt)
 			}
 		}
-		ss.used -= t.budget
+		ss.releaseBudget(t)
 		// The buffer is dropped, not pooled: abortTasks may run on
 		// another session's goroutine (LUN reset) while this session's
 		// reader is still reading a Data-Out into it (dataBuffer).

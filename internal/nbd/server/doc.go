@@ -24,8 +24,11 @@
 // cycle with the engine (volrt.Lifecycle), error classification
 // (volrt.Errno), hole splitting (volrt.SplitHoles) and the in-flight byte
 // budget (volrt.Budget) are the volume runtime's, shared with every front
-// end. Config.Sessions records connected clients for front-end-neutral
-// status.
+// end. Each connection's budget (Config.MaxInflightBytes) also reserves
+// from Config.Budget, the daemon-wide one: when that is spent the
+// connection's reader stops reading requests until memory frees.
+// Config.MaxConns bounds the open connections. Config.Sessions records
+// connected clients for front-end-neutral status.
 //
 // Concurrency: all Server methods are safe for concurrent use. Serve may be
 // called on several listeners at once (TCP and Unix sockets alike).

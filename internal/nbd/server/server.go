@@ -60,6 +60,16 @@ type Config struct {
 	// MaxInflightBytes bounds payload bytes held per connection (default
 	// 2*MaxPayload, at least MaxPayload).
 	MaxInflightBytes int64
+	// Budget, when set, is the daemon-wide in-flight budget every
+	// connection's budget also reserves from (shared with other front
+	// ends): when it is spent, connections stop reading requests until
+	// memory frees. It must be at least MaxPayload.
+	Budget *volrt.Budget
+	// MaxConns bounds the connections open at once (default 1024); a
+	// connection past it is closed right after accept, before the
+	// greeting, so the client learns at once instead of waiting in the
+	// listen backlog.
+	MaxConns int
 	// HandshakeTimeout bounds option haggling (default 30s), so a client
 	// that connects and says nothing cannot hold a goroutine forever.
 	HandshakeTimeout time.Duration
@@ -84,12 +94,13 @@ type Stats struct {
 	Panics           uint64 // recovered panics (each is a bug)
 	HoleChunks       uint64 // OFFSET_HOLE chunks sent
 	InflightRequests int64
+	ConnsRefused     uint64 // connections closed for MaxConns
 }
 
 type counters struct {
 	accepted, handshakeFails, tlsHandshakes, errorReplies atomic.Uint64
 	bytesRead, bytesWritten, protocolErrors, panics       atomic.Uint64
-	holeChunks                                            atomic.Uint64
+	holeChunks, connsRefused                              atomic.Uint64
 	requests                                              [8]atomic.Uint64
 	active, inflight                                      atomic.Int64
 }
@@ -106,6 +117,7 @@ type Server struct {
 	perExport map[string]int
 	closing   bool
 	connWG    sync.WaitGroup
+	refusals  volrt.RateLog
 }
 
 // New returns a Server; it does not listen until Serve.
@@ -122,6 +134,9 @@ func New(cfg Config) *Server {
 		} else {
 			cfg.MaxInflightBytes = int64(cfg.MaxPayload)
 		}
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 1024
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 30 * time.Second
@@ -202,6 +217,16 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		s.ctr.connsRefused.Add(1)
+		if ok, n := s.refusals.Allow(); ok {
+			s.log.Warn("nbd: connection refused: connection limit reached (max_connections)",
+				"remote", nc.RemoteAddr().String(), "max_connections", s.cfg.MaxConns, "refused_since_last_line", n)
+		}
 		nc.Close()
 		return
 	}
@@ -295,6 +320,7 @@ func (s *Server) Stats() Stats {
 		Panics:           s.ctr.panics.Load(),
 		HoleChunks:       s.ctr.holeChunks.Load(),
 		InflightRequests: s.ctr.inflight.Load(),
+		ConnsRefused:     s.ctr.connsRefused.Load(),
 	}
 	for i := range st.Requests {
 		st.Requests[i] = s.ctr.requests[i].Load()

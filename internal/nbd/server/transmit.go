@@ -73,6 +73,7 @@ type txState struct {
 	dirty  bool          // guarded by wmu: bw holds unflushed replies
 
 	budget    volrt.Budget // payload bytes held in flight
+	flushFn   func()       // flushes buffered replies before budget waits
 	maxP      uint32       // negotiated max payload (<= cfg.MaxPayload)
 	minB      uint64
 	holesFrom int
@@ -100,7 +101,14 @@ func (c *conn) transmit() {
 		minB:      uint64(bs.Min),
 		holesFrom: cfg.StructuredReadHoles,
 	}
-	t.budget.Init(cfg.MaxInflightBytes)
+	t.budget.InitChild(cfg.MaxInflightBytes, cfg.Budget)
+	t.flushFn = func() { // made once: reserve must not allocate per request
+		t.wmu.Lock()
+		if t.dirty && !t.broken {
+			c.flushLocked(t)
+		}
+		t.wmu.Unlock()
+	}
 	t.bw = bufio.NewWriterSize(c.rw, 256<<10)
 	c.tx = t
 	writerDone := make(chan struct{})
@@ -182,7 +190,7 @@ func (c *conn) readPayload(t *txState, br *bufio.Reader, o *op) bool {
 	}
 	// INVARIANT: n <= t.maxP here (check() failed the request otherwise),
 	// so the allocation is bounded by the configured max payload.
-	t.budget.Reserve(n)
+	c.reserve(t, n)
 	o.nbytes = n
 	o.bufp = volrt.GetBuf(int(n))
 	c.flushBeforeRead(t, int(n))
@@ -192,6 +200,15 @@ func (c *conn) readPayload(t *txState, br *bufio.Reader, o *op) bool {
 	c.s.ctr.bytesWritten.Add(uint64(n))
 	return true
 }
+
+// reserve takes n payload bytes from the connection's budget and so from
+// the daemon's (Config.Budget). While that waits the reader reads nothing
+// more from this client: backpressure, the client's requests queue in its
+// socket. It cannot deadlock on itself: what the connection holds is
+// released by completions and the writer, never by the reader. Replies
+// already buffered are flushed before waiting (t.flushFn), since the
+// client may be waiting for them before it sends anything else.
+func (c *conn) reserve(t *txState, n int64) { t.budget.ReserveWaiting(n, t.flushFn) }
 
 // Messages for protocol-level errors (constants, so no allocation).
 const (
@@ -280,7 +297,7 @@ func (c *conn) dispatch(t *txState, o *op) {
 		}
 		o.kind = kindRead
 		n := int64(req.Length)
-		t.budget.Reserve(n)
+		c.reserve(t, n)
 		o.nbytes = n
 		o.bufp = volrt.GetBuf(int(n))
 		r.Op, r.Data, r.Inline = ioengine.OpRead, *o.bufp, true

@@ -1,0 +1,88 @@
+package server
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/nbd/proto"
+	"github.com/vmsan/vmsan/internal/volrt"
+)
+
+// TestSharedBudgetBackpressure: two connections share a daemon-wide budget
+// that holds one maximum-size request. While one connection holds it (a
+// WRITE whose payload is half sent), the other's READ is not served (its
+// reader waits: backpressure, nothing above the cap); when the first
+// completes, the second is served and everything is given back.
+func TestSharedBudgetBackpressure(t *testing.T) {
+	const maxP = 1 << 20
+	var global volrt.Budget
+	global.Init(maxP)
+	reg := &testReg{devs: map[string]export.Device{"disk": newTestDev("disk", 8<<20)}}
+	_, addr := startServer(t, Config{Registry: reg, MaxPayload: maxP, Budget: &global})
+
+	a := dialRaw(t, addr)
+	a.negotiate("disk", false)
+	payload := make([]byte, maxP)
+	a.request(proto.Request{Type: proto.CmdWrite, Cookie: 1, Length: maxP}, payload[:maxP/2])
+	waitUntil(t, "the WRITE's reservation", func() bool { return global.Used() == maxP })
+
+	b := dialRaw(t, addr)
+	b.negotiate("disk", false)
+	b.request(proto.Request{Type: proto.CmdRead, Cookie: 2, Offset: 0, Length: 4096}, nil)
+	waitUntil(t, "the READ to wait for the budget", func() bool { return global.Stats().Waits > 0 })
+	b.c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := io.ReadFull(b.c, make([]byte, 1)); err == nil {
+		t.Fatal("READ answered while the shared budget was spent")
+	}
+	if u := global.Used(); u != maxP {
+		t.Fatalf("shared budget holds %d, want %d (the cap)", u, maxP)
+	}
+
+	a.send(payload[maxP/2:])
+	a.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if rp, err := a.readReply(nil, nil); err != nil || rp.cookie != 1 || rp.errno != 0 {
+		t.Fatalf("WRITE reply %+v, %v", rp, err)
+	}
+	b.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if rp, err := b.readReply(map[uint64]uint32{2: 4096}, map[uint64]uint64{2: 0}); err != nil || rp.cookie != 2 || rp.errno != 0 {
+		t.Fatalf("READ reply after the WRITE finished: %+v, %v", rp, err)
+	}
+	waitUntil(t, "the budget to be given back", func() bool { return global.Used() == 0 })
+}
+
+// TestMaxConns: past MaxConns a connection is closed before the greeting
+// and counted; once one leaves, a new one is served.
+func TestMaxConns(t *testing.T) {
+	reg := &testReg{devs: map[string]export.Device{"disk": newTestDev("disk", 1<<20)}}
+	srv, addr := startServer(t, Config{Registry: reg, MaxConns: 2})
+	first := dialRaw(t, addr)
+	dialRaw(t, addr)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, err := io.ReadAll(c); err != nil || len(b) != 0 {
+		t.Fatalf("third connection: read %d bytes, err %v; want closed before the greeting", len(b), err)
+	}
+	if n := srv.Stats().ConnsRefused; n != 1 {
+		t.Fatalf("ConnsRefused %d, want 1", n)
+	}
+	first.c.Close()
+	waitUntil(t, "the first connection to end", func() bool { return srv.Stats().ActiveConns == 1 })
+	dialRaw(t, addr).negotiate("disk", false)
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,8 +1,8 @@
 package ioengine
 
 import (
-	"sync"
-	"sync/atomic"
+	"errors"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,7 +30,7 @@ type Timer interface {
 }
 
 // closer is implemented by timers that hold resources (preciseTimer's
-// thread and file descriptor); the engine closes its timer on Close.
+// file descriptor); the engine closes its timer on Close.
 type closer interface{ close() }
 
 type realClock struct{}
@@ -49,8 +49,8 @@ func (realClock) AfterFunc(d time.Duration, f func()) Timer {
 // microseconds): the default Config.Clock.
 var RealClock Clock = realClock{}
 
-// preciseTimer is a one-shot timer on a Linux timerfd, read by a goroutine
-// blocked in read(2).
+// preciseTimer is a one-shot timer on a Linux timerfd, read through Go's
+// network poller.
 //
 // Why not time.AfterFunc: the gathering backstop is a few hundred
 // microseconds, and when a Go process has nothing to run its last thread
@@ -59,23 +59,26 @@ var RealClock Clock = realClock{}
 // whose window did not fill the queue (its writes out of order, or fewer
 // in flight than it once had) then waits that long for every run
 // (measured: QEMU's sequential 4 KiB writes at 7-8k instead of 20-30k
-// IOPS). A timerfd wakes the blocked reader at the programmed time, within
-// the kernel's timer slack (50 µs).
+// IOPS). An expiring timerfd is an fd event, which ends that same
+// epoll_wait at once, within the kernel's timer slack (50 µs). The fd is
+// non-blocking and registered with the poller, so a waiting timer holds
+// no OS thread (one engine per volume, many volumes per daemon).
 type preciseTimer struct {
-	fd     int
-	f      func()
-	closed atomic.Bool
-	once   sync.Once
+	fd   int      // for timerfd_settime
+	file *os.File // the same fd, read through the poller
+	f    func()
 }
 
 // newPreciseTimer returns nil where timerfd is unavailable (then the
 // caller falls back to time.AfterFunc).
 func newPreciseTimer(f func()) *preciseTimer {
-	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC)
+	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK)
 	if err != nil {
 		return nil
 	}
-	t := &preciseTimer{fd: fd, f: f}
+	// INVARIANT: file.Fd() is never called: it would put the fd back in
+	// blocking mode and take it off the poller.
+	t := &preciseTimer{fd: fd, file: os.NewFile(uintptr(fd), "timerfd"), f: f}
 	go t.loop()
 	return t
 }
@@ -83,15 +86,13 @@ func newPreciseTimer(f func()) *preciseTimer {
 func (t *preciseTimer) loop() {
 	var buf [8]byte
 	for {
-		// A blocking read: the goroutine's thread sleeps in the kernel
-		// until the timer expires (the fd is not on Go's netpoller).
-		_, err := unix.Read(t.fd, buf[:])
-		if t.closed.Load() {
-			unix.Close(t.fd)
-			return
-		}
-		if err != nil {
-			continue // EINTR; EAGAIN cannot happen on a blocking fd
+		// Parks the goroutine (not its thread) until the timer expires;
+		// returns an error once close closed the file.
+		if _, err := t.file.Read(buf[:]); err != nil {
+			if errors.Is(err, os.ErrClosed) {
+				return
+			}
+			continue
 		}
 		t.f()
 	}
@@ -109,11 +110,6 @@ func (t *preciseTimer) Stop() bool {
 	return unix.TimerfdSettime(t.fd, 0, &unix.ItimerSpec{}, nil) == nil
 }
 
-// close ends the reading goroutine (by firing the timer once more) and
-// closes the file descriptor. The timer must not be used afterwards.
-func (t *preciseTimer) close() {
-	t.once.Do(func() {
-		t.closed.Store(true)
-		t.Reset(time.Microsecond)
-	})
-}
+// close ends the reading goroutine and closes the file descriptor. The
+// timer must not be used afterwards.
+func (t *preciseTimer) close() { t.file.Close() }

@@ -101,7 +101,8 @@
 // backstop released and Stats.GatherHold shows the current hold.
 //
 // The backstop must fire when it is due: RealClock's timer is a Linux
-// timerfd read by a blocked goroutine, not a time.Timer. An otherwise idle
+// timerfd read through the network poller (an fd event ends epoll_wait at
+// once; no thread is held while it waits), not a time.Timer. An otherwise idle
 // Go process waits for its next timer in epoll_wait, whose timeout is whole
 // milliseconds, so a 300 µs time.Timer fired after about 1.1 ms, and a
 // closed-loop client whose window did not fill the queue waited that long

@@ -663,7 +663,7 @@ func nopWarning(iv, to time.Duration) string {
 		return "nop_interval is negative: silent connections are never closed, and commands a lost path delivers late execute even after the host resent them on another path"
 	}
 	if iv+to > target.SafeNopTotal {
-		return fmt.Sprintf("nop_interval + nop_timeout = %v: above %v, a silent connection may outlive the host's failover (NOP-Out 1 s + 1 s, recovery 2 s as `vmsan iscsi multipath-conf` prints) and its late commands execute over newer writes; keep the sum below the host's noop_out_interval + noop_out_timeout + fast_io_fail_tmo - 1 s - 0.5 s", iv+to, target.SafeNopTotal)
+		return fmt.Sprintf("nop_interval + nop_timeout = %v: above %v, a silent connection may outlive the host's failover (NOP-Out 1 s + 1 s, recovery 2 s as `vmsan iscsi multipath-conf` prints) and its late commands execute over newer writes; keep the sum below the host's noop_out_timeout + fast_io_fail_tmo - 0.5 s", iv+to, target.SafeNopTotal)
 	}
 	return ""
 }

@@ -72,10 +72,10 @@ type conn struct {
 	// progress (0: none); pingSent: when it wrote the last target ping.
 	writeSince atomic.Int64
 	pingSent   atomic.Int64
-	draining atomic.Bool  // Shutdown: stop taking commands, close when idle
-	aborted  atomic.Bool
-	sess     *session
-	wdone    chan struct{}
+	draining   atomic.Bool // Shutdown: stop taking commands, close when idle
+	aborted    atomic.Bool
+	sess       *session
+	wdone      chan struct{}
 }
 
 // queueLimit bounds reader-originated items waiting for the writer

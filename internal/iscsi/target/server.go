@@ -145,11 +145,13 @@ const (
 	DefaultNopTimeout  = time.Second
 )
 
-// SafeNopTotal is the most NopInterval + NopTimeout may add up to (with
-// the pinger's tick) and still close a silent connection before an
-// initiator with the timers `vmsan iscsi multipath-conf` recommends can
-// have failed over (NOP-Out 1 s + 1 s + recovery 2 s, less up to 1 s of
-// ping phase: 3 s).
+// SafeNopTotal is the most NopInterval + NopTimeout may add up to and
+// still close a silent connection before an initiator with the timers
+// `vmsan iscsi multipath-conf` recommends can have resent its I/O on
+// another path: the sum must stay below the host's noop_out_timeout +
+// recovery timeout (1 s + 2 s; the host's noop_out_interval cancels out,
+// see cmd/vmsan targetNopLimit), less 0.5 s for the pinger's tick and
+// scheduling.
 const SafeNopTotal = 2500 * time.Millisecond
 
 func (c *Config) setDefaults() {

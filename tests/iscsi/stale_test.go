@@ -45,7 +45,15 @@ func TestStaleWriteAfterFailover(t *testing.T) {
 		t.Fatalf("WRITE on the path being cut: %v", err)
 	}
 
-	time.Sleep(time.Until(cut.Add(3 * time.Second)))
+	// The proxy's connection ends when the target closes its side.
+	closed := time.Duration(-1)
+	for time.Now().Before(cut.Add(3 * time.Second)) {
+		if closed < 0 && px.Conns() == 0 {
+			closed = time.Since(cut)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("target closed the silent connection %v after the cut (-1: not within 3 s)", closed.Round(10*time.Millisecond))
 	if out, err := run(t, 30*time.Second, "qemu-io", "-f", "raw", url, "-c", "write -P 0x59 0 4k"); err != nil {
 		t.Fatalf("write Y on the other path: %v\n%s", err, out)
 	}

@@ -68,8 +68,9 @@ type conn struct {
 	// busy: the reader is handling a PDU (maybe waiting for room in the
 	// queue), not reading: silence then says nothing about the peer.
 	busy atomic.Bool
-	// writeSince: unix nanos when the writer entered the write now in
-	// progress (0: none); pingSent: when it wrote the last target ping.
+	// writeSince: unix nanos when the socket write now in progress began
+	// (0: none); pingSent: when the writer queued the last target ping
+	// into bw (it leaves with the next flush).
 	writeSince atomic.Int64
 	pingSent   atomic.Int64
 	draining   atomic.Bool // Shutdown: stop taking commands, close when idle
@@ -202,7 +203,7 @@ func (c *conn) writer() {
 		for len(c.q) == 0 && !c.qclosed {
 			if !failed && c.bw.Buffered() > 0 {
 				c.qmu.Unlock()
-				if err := c.stampedFlush(); err != nil {
+				if err := c.flush(); err != nil {
 					failed = true
 					c.nc.Close()
 				}
@@ -225,9 +226,7 @@ func (c *conn) writer() {
 		c.qmu.Unlock()
 		for _, o := range batch {
 			if !failed {
-				c.writeSince.Store(nowNano())
 				err := c.write(o)
-				c.writeSince.Store(0)
 				if err != nil {
 					failed = true
 					c.nc.Close()
@@ -257,19 +256,14 @@ func (c *conn) writer() {
 	}
 }
 
-// stampedFlush is flush with writeSince set: a flush that blocks (the
-// peer stopped taking data) shows in the pinger.
-func (c *conn) stampedFlush() error {
-	c.writeSince.Store(nowNano())
-	err := c.flush()
-	c.writeSince.Store(0)
-	return err
-}
-
 // flush writes what bw gathered, then finishes the items it referenced.
 // Only the writer goroutine (or login, before it starts) calls it.
 func (c *conn) flush() error {
+	// Stamped for the pinger: a flush (at most about flushAt bytes) that
+	// blocks means the peer stopped taking data.
+	c.writeSince.Store(nowNano())
 	err := c.bw.Flush()
+	c.writeSince.Store(0)
 	c.finishHeld()
 	return err
 }
@@ -457,9 +451,10 @@ func (c *conn) writeResult(t *task, r *scsi.Result) error {
 //
 // Silence counts only while the reader is waiting on the socket: a
 // reader held up by its own backpressure has not heard from the peer
-// because it is not listening. A writer blocked in one write for
-// NopInterval + NopTimeout (the peer takes no data) is dead too: that
-// covers a ping stuck behind it and a reader stuck behind the writer.
+// because it is not listening. A socket write (one flush, at most about
+// flushAt bytes) blocked for NopInterval + NopTimeout means the peer
+// takes no data: dead too. That covers a ping stuck behind it and a
+// reader stuck behind the writer.
 func (c *conn) pinger(stop chan struct{}) {
 	iv, to := c.s.cfg.NopInterval, c.s.cfg.NopTimeout
 	tick := time.NewTicker(pingTick(iv, to))
@@ -478,7 +473,7 @@ func (c *conn) pinger(stop chan struct{}) {
 			return
 		case now := <-tick.C:
 			if ws := c.writeSince.Load(); ws != 0 && now.UnixNano()-ws > stall {
-				dead("a write made no progress")
+				dead("a socket write made no progress")
 				return
 			}
 			if c.busy.Load() {

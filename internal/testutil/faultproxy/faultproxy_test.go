@@ -2,6 +2,7 @@ package faultproxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -105,5 +106,44 @@ func TestBandwidth(t *testing.T) {
 	// 256 KiB at 1 MiB/s is at least ~250 ms (a lower bound only).
 	if el := time.Since(t0); el < 200*time.Millisecond {
 		t.Fatalf("256 KiB crossed a 1 MiB/s link in %v", el)
+	}
+}
+
+// TestBlackholeHoldsClose: an endpoint closing during a blackhole is not
+// seen by the other until it lifts (a silent network carries no FIN),
+// also when no data in that direction is held with it; data the other
+// side sent into the blackhole meets the closed endpoint then.
+func TestBlackholeHoldsClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	p, err := New("127.0.0.1:0", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole(true)
+	c.Write([]byte("stale"))
+	s.Close()
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	b := make([]byte, 16)
+	if n, err := c.Read(b); n != 0 || !errors.As(err, new(net.Error)) {
+		t.Fatalf("during the blackhole: %d bytes, %v; want a timeout", n, err)
+	}
+	p.Blackhole(false)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(b); n != 0 || errors.As(err, new(net.Error)) {
+		t.Fatalf("after the blackhole: %d bytes, %v; want the close", n, err)
 	}
 }

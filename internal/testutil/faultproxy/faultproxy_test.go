@@ -2,8 +2,10 @@ package faultproxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -105,5 +107,82 @@ func TestBandwidth(t *testing.T) {
 	// 256 KiB at 1 MiB/s is at least ~250 ms (a lower bound only).
 	if el := time.Since(t0); el < 200*time.Millisecond {
 		t.Fatalf("256 KiB crossed a 1 MiB/s link in %v", el)
+	}
+}
+
+// TestFollowTarget: with the target dead, a client of a following proxy
+// is refused (as by the dead node's own host), never accepted and reset;
+// once the target listens again on its address, the proxy forwards again
+// on its own address.
+func TestFollowTarget(t *testing.T) {
+	tln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := tln.Addr().String()
+	serve := func(ln net.Listener) {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}
+	go serve(tln)
+	p, err := New("127.0.0.1:0", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.FollowTarget(true)
+	echo := func() error {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("x")); err != nil {
+			return err
+		}
+		b := make([]byte, 1)
+		_, err = io.ReadFull(c, b)
+		return err
+	}
+	if err := echo(); err != nil {
+		t.Fatalf("echo through the proxy: %v", err)
+	}
+
+	// The target dies: within a few attempts (the first may still be
+	// accepted while the proxy learns that the target is down), clients
+	// are refused.
+	tln.Close()
+	refused := false
+	for i := 0; i < 50 && !refused; i++ {
+		err := echo()
+		if err == nil {
+			t.Fatal("echo through the proxy with the target down")
+		}
+		refused = errors.Is(err, syscall.ECONNREFUSED)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !refused {
+		t.Fatal("the proxy kept accepting connections with its target down")
+	}
+
+	// The target comes back on its address: the proxy forwards again.
+	tln, err = net.Listen("tcp", target)
+	if err != nil {
+		t.Skipf("target address taken meanwhile: %v", err)
+	}
+	defer tln.Close()
+	go serve(tln)
+	deadline := time.Now().Add(10 * time.Second)
+	for err := echo(); err != nil; err = echo() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not forward again after the target came back: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

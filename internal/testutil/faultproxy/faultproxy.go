@@ -208,14 +208,15 @@ func (p *Proxy) accept(ln net.Listener) {
 		p.wg.Add(1)
 		go p.pipe(c, t, &done)
 		go p.pipe(t, c, &done)
+		cur := ln // the loop's ln changes when the proxy listens again
 		go func() {
 			done.Wait()
 			p.mu.Lock()
 			delete(p.conns, pr)
 			p.mu.Unlock()
 			p.log("faultproxy %s: %s closed", p.Addr(), c.RemoteAddr())
-			if p.followDown.Load() && !dialable(p.target) {
-				p.targetDown(ln)
+			if p.followDown.Load() {
+				p.watchTarget(cur)
 			}
 			p.wg.Done()
 		}()
@@ -235,6 +236,27 @@ func (p *Proxy) targetDown(ln net.Listener) {
 		ln.Close()
 	}
 	p.mu.Unlock()
+}
+
+// watchTarget probes the target for a while after a connection ended
+// (perhaps because the target died: a killed process's connections and
+// listener close one by one, so the listener may still accept at first)
+// and calls targetDown if it stops accepting. Probing stops at the first
+// refusal or after about 1.3 s.
+func (p *Proxy) watchTarget(ln net.Listener) {
+	for d := 10 * time.Millisecond; d <= 640*time.Millisecond; d *= 2 {
+		p.mu.Lock()
+		stop := p.closed || p.ln != ln || p.down != nil
+		p.mu.Unlock()
+		if stop {
+			return
+		}
+		if !dialable(p.target) {
+			p.targetDown(ln)
+			return
+		}
+		time.Sleep(d)
+	}
 }
 
 // isDown reports whether ln was closed by targetDown.

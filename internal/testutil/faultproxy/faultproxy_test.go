@@ -3,8 +3,10 @@ package faultproxy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -136,6 +138,12 @@ func TestFollowTarget(t *testing.T) {
 	}
 	defer p.Close()
 	p.FollowTarget(true)
+	downs := make(chan struct{}, 10)
+	p.SetLog(func(format string, args ...any) {
+		if strings.Contains(fmt.Sprintf(format, args...), "down: not listening") {
+			downs <- struct{}{}
+		}
+	})
 	echo := func() error {
 		c, err := net.Dial("tcp", p.Addr())
 		if err != nil {
@@ -154,9 +162,40 @@ func TestFollowTarget(t *testing.T) {
 		t.Fatalf("echo through the proxy: %v", err)
 	}
 
-	// The target dies: within a few attempts (the first may still be
-	// accepted while the proxy learns that the target is down), clients
-	// are refused.
+	// The target dies while a client is connected: the proxy notices when
+	// the connection ends and refuses the next client at once.
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for p.Conns() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	tln.Close()
+	p.Reset() // as the dying target's connections close
+	select {
+	case <-downs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the proxy did not notice its target down after its connection ended")
+	}
+	if err := echo(); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("client of a proxy whose target is down: %v, want connection refused", err)
+	}
+
+	// The target comes back and dies again with no client connected:
+	// within a few attempts (the first may be accepted while the proxy
+	// learns that the target is down), clients are refused.
+	tln, err = net.Listen("tcp", target)
+	if err != nil {
+		t.Skipf("target address taken meanwhile: %v", err)
+	}
+	go serve(tln)
+	for deadline := time.Now().Add(10 * time.Second); echo() != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not forward again after the target came back")
+		}
+	}
 	tln.Close()
 	refused := false
 	for i := 0; i < 50 && !refused; i++ {

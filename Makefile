@@ -39,11 +39,11 @@ RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|is
 # open-iscsi and multipath-tools enables their units; CI containers start none.
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
              busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd \
-             prometheus qemu-block-extra tgt open-iscsi multipath-tools dmsetup sg3-utils bonnie++
+             prometheus qemu-block-extra tgt open-iscsi multipath-tools dmsetup sg3-utils bonnie++ jq
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze \
-             promtool iscsi-test-cu tgtd iscsiadm multipath dmsetup sg_inq bonnie++
+             promtool iscsi-test-cu tgtd iscsiadm multipath dmsetup sg_inq bonnie++ jq
 
 .PHONY: all build install deb test deps vet unit race fuzz-short fuzz bench soak clean scenarios
 

@@ -60,7 +60,10 @@
 //     waiting longer would only add latency;
 //   - another request (an overlapping read, a FLUSH) waits for it;
 //   - the engine is closing;
-//   - the backstop: no write has joined the run for the current hold, or
+//   - the backstop: no write of the stream has arrived for the current
+//     hold (not only none that joined this run: a client may send a
+//     window out of offset order, QEMU's NBD client does, and the window
+//     is then several runs until its gaps fill), or
 //     its oldest write has been held MaxGatherDelay (default 10 ×
 //     GatherDelay, 3 ms), whichever comes first. While the latest write
 //     was submitted with Request.More (its submitter already holds the
@@ -96,6 +99,16 @@
 // read-ahead below already batches sequential reads. Set GatherDelay
 // negative to disable gathering. Stats.GatherTimeouts counts runs the
 // backstop released and Stats.GatherHold shows the current hold.
+//
+// The backstop must fire when it is due: RealClock's timer is a Linux
+// timerfd read through the network poller (an fd event ends epoll_wait at
+// once; no thread is held while it waits), not a time.Timer. An otherwise idle
+// Go process waits for its next timer in epoll_wait, whose timeout is whole
+// milliseconds, so a 300 µs time.Timer fired after about 1.1 ms, and a
+// closed-loop client whose window did not fill the queue waited that long
+// per held run (QEMU's sequential 4 KiB writes at QD32 ran at a third of
+// qemu-nbd's rate; docs/benchmarks.md, "Sequential 4 KiB writes from
+// QEMU").
 //
 // # Inline execution
 //

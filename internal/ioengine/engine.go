@@ -565,7 +565,18 @@ func (e *Engine) releaseAt(it *item) int64 {
 	if e.more {
 		return it.holdCap
 	}
-	return min(it.holdUntil, it.holdCap)
+	return min(max(it.holdUntil, e.streamUntilLocked()), it.holdCap)
+}
+
+// streamUntilLocked is when the stream as a whole has gone quiet for a
+// hold: no write near the recent ones has arrived since. A client may send
+// a window's writes out of offset order (QEMU's NBD client does: requests
+// waiting for one of its 16 slots are woken in no particular order), so
+// the window is several runs until its gaps fill; each run's own last
+// arrival would release it while the writes that join it are still
+// coming.
+func (e *Engine) streamUntilLocked() int64 {
+	return e.lastNear + e.holdLocked()
 }
 
 // qdEstimate is the writers' recent queue depth: the most OpWrite requests
@@ -753,7 +764,7 @@ func (e *Engine) runStateLocked(it *item) (free bool, at int64) {
 	if e.more {
 		return false, capAt
 	}
-	return false, min(until, capAt)
+	return false, min(max(until, e.streamUntilLocked()), capAt)
 }
 
 // takeRunLocked removes it and its mergeable neighbours from the ready list
@@ -1097,6 +1108,9 @@ func (e *Engine) Close() error {
 	e.mu.Unlock()
 	e.wg.Wait()
 	e.timer.Stop()
+	if c, ok := e.timer.(closer); ok {
+		c.close()
+	}
 	e.closeErr = e.b.Sync()
 	close(e.closeDone)
 	return e.closeErr

@@ -721,8 +721,13 @@ func TestRewriteChainNotHeld(t *testing.T) {
 	wg.Wait()
 	e.Close()
 	s := e.Stats()
-	t.Logf("%d writes, %d held", s.Requests.Write, s.Held)
-	if s.Held > s.Requests.Write/2 { // without the rule: ~85%
-		t.Fatalf("%d of %d chained rewrites were held back", s.Held, s.Requests.Write)
+	t.Logf("%d writes, %d held, %d released by the backstop", s.Requests.Write, s.Held, s.GatherTimeouts)
+	// How many are marked held depends on timing (a link that becomes
+	// ready before the next writer has resubmitted has no dependant yet:
+	// 0-99% measured on a loaded machine); what must not happen is that
+	// the links wait for the backstop: a held write is released as soon
+	// as another waits for it (without that rule: ~280 of 1600 here).
+	if s.GatherTimeouts > s.Requests.Write/20 {
+		t.Fatalf("%d of %d chained rewrites waited for the gathering backstop", s.GatherTimeouts, s.Requests.Write)
 	}
 }

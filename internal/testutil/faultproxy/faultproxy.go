@@ -230,12 +230,15 @@ func (p *Proxy) targetDown(ln net.Listener) {
 		return
 	}
 	p.mu.Lock()
-	if p.ln == ln && !p.closed && p.down == nil {
+	closing := p.ln == ln && !p.closed && p.down == nil
+	if closing {
 		p.down = ln
-		p.log("faultproxy %s: target %s down: not listening", p.addr, p.target)
 		ln.Close()
 	}
 	p.mu.Unlock()
+	if closing {
+		p.log("faultproxy %s: target %s down: not listening", p.addr, p.target)
+	}
 }
 
 // watchTarget probes the target for a while after a connection ended

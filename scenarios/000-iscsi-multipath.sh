@@ -128,7 +128,6 @@ free_port; nbd=$PORT; free_port; met=$PORT
 	done
 	echo ']'
 	echo "  auth: {user: $CHAP_USER, secret: \"$CHAP_SECRET\"}"
-	echo "  nop_interval: 2s"
 } >"$OUT/vmsan.yaml"
 "$VMSAN" serve --config "$OUT/vmsan.yaml" >"$OUT/vmsan.log" 2>&1 &
 _pids+=("$!")

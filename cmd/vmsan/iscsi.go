@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -74,9 +75,26 @@ devices {
 #   node.conn[0].timeo.noop_out_interval = %d
 #   node.conn[0].timeo.noop_out_timeout = %d
 #   node.startup = automatic
+# The target must close a silent path's connection before this host
+# resends its I/O on another path, or commands the network still holds
+# execute over newer data when the path returns: vmsan's iscsi
+# nop_interval + nop_timeout (default 1 s + 1 s) must stay below
+# noop_out_timeout + fast_io_fail_tmo - 0.5 s = %.1f s here.
 `, scsi.DefaultVendor, scsi.DefaultProduct, o.noPathRetry, o.replacementTimeout, o.replacementTimeout, o.noopInterval, o.noopTimeout,
-		o.replacementTimeout, o.noopInterval, o.noopTimeout)
+		o.replacementTimeout, o.noopInterval, o.noopTimeout, o.targetNopLimit().Seconds())
 	io.WriteString(w, b.String())
+}
+
+// targetNopLimit is the most the target's nop_interval + nop_timeout may
+// add up to with these host timers. The initiator resends a silent
+// path's I/O noop_out_interval + noop_out_timeout + recovery timeout
+// after it last heard the target; the target may have heard the
+// initiator (its ping) up to noop_out_interval later than that, and then
+// takes nop_interval + nop_timeout plus the pinger's tick to close: so
+// the sum must stay below noop_out_timeout + recovery timeout, less a
+// margin of 0.5 s for the tick and scheduling.
+func (o multipathOpts) targetNopLimit() time.Duration {
+	return time.Duration(o.noopTimeout+o.replacementTimeout)*time.Second - 500*time.Millisecond
 }
 
 func init() {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/iscsi/target"
 	"github.com/vmsan/vmsan/internal/testutil"
 )
 
@@ -101,5 +102,24 @@ func TestMultipathConfDefaultsMeetTarget(t *testing.T) {
 	}
 	if o.noPathRetry*5 < 60 {
 		t.Errorf("no_path_retry %d queues only %d s at the default polling interval: too short for a promote", o.noPathRetry, o.noPathRetry*5)
+	}
+}
+
+// TestMultipathConfTargetNopBound: the printed bound on the target's NOP
+// timers is the one the daemon warns against, and vmsan's defaults are
+// inside it: a silent path is closed by the target before the host can
+// resend its I/O elsewhere (tests/iscsi TestStaleWriteAfterFailover).
+func TestMultipathConfTargetNopBound(t *testing.T) {
+	o := defaultMultipathOpts
+	if got := o.targetNopLimit(); got != target.SafeNopTotal {
+		t.Errorf("bound for the recommended host timers %v, daemon warns above %v", got, target.SafeNopTotal)
+	}
+	if sum := target.DefaultNopInterval + target.DefaultNopTimeout; sum >= target.SafeNopTotal {
+		t.Errorf("default nop_interval + nop_timeout %v, want below %v", sum, target.SafeNopTotal)
+	}
+	var b bytes.Buffer
+	writeMultipathConf(&b, o)
+	if !strings.Contains(b.String(), "nop_interval + nop_timeout") || !strings.Contains(b.String(), "= 2.5 s here") {
+		t.Errorf("the target's bound is not printed:\n%s", b.String())
 	}
 }

@@ -80,9 +80,10 @@ type ISCSI struct {
 	QueueDepth int `yaml:"queue_depth,omitempty"`
 	// MaxSessions bounds open sessions, discovery included (default 256).
 	MaxSessions int `yaml:"max_sessions,omitempty"`
-	// NopInterval pings idle initiators (default 5s; negative: never);
+	// NopInterval pings silent initiators (default 1s; negative: never);
 	// NopTimeout closes a connection that stays silent after a ping
-	// (default 15s).
+	// (default 1s). Their sum must stay below the hosts' failover time
+	// (docs/iscsi.md "What happens on each failure"; the daemon warns).
 	NopInterval Duration `yaml:"nop_interval,omitempty"`
 	NopTimeout  Duration `yaml:"nop_timeout,omitempty"`
 }

@@ -99,6 +99,9 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		f.peer = append(f.peer, scsi.Port{Relative: p.RelativePort, Group: p.Tag()})
 	}
 	f.holds = &holdRegistry{Registry: registry{d}, d: d, n: map[*volrt.Volume]int64{}}
+	if w := nopWarning(time.Duration(ic.NopInterval), time.Duration(ic.NopTimeout)); w != "" {
+		d.log.Warn("iscsi: " + w)
+	}
 	var err error
 	if f.discovery, err = chapFrom(ic.DiscoveryAuth); err != nil {
 		return nil, err
@@ -643,4 +646,24 @@ func (m *lunMap) writeLUN(vol string, n uint64) {
 	if err != nil {
 		m.d.log.Warn("iscsi: cannot persist the LUN number; it may change after a restart", "volume", vol, "lun", n, "err", err)
 	}
+}
+
+// nopWarning explains why the NOP timers (0: default) may let a silent
+// path's stale commands execute after an initiator failed them over, or
+// returns "". The target cannot know the hosts' timers; it checks against
+// those `vmsan iscsi multipath-conf` recommends.
+func nopWarning(iv, to time.Duration) string {
+	if iv == 0 {
+		iv = target.DefaultNopInterval
+	}
+	if to <= 0 {
+		to = target.DefaultNopTimeout
+	}
+	if iv < 0 {
+		return "nop_interval is negative: silent connections are never closed, and commands a lost path delivers late execute even after the host resent them on another path"
+	}
+	if iv+to > target.SafeNopTotal {
+		return fmt.Sprintf("nop_interval + nop_timeout = %v: above %v, a silent connection may outlive the host's failover (NOP-Out 1 s + 1 s, recovery 2 s as `vmsan iscsi multipath-conf` prints) and its late commands execute over newer writes; keep the sum below the host's noop_out_timeout + fast_io_fail_tmo - 0.5 s", iv+to, target.SafeNopTotal)
+	}
+	return ""
 }

@@ -87,7 +87,6 @@ volumes:
 %siscsi:
     listen: ["%s"]
     node_name: test
-    nop_interval: 2s
 %s`, filepath.Join(dir, "data"), nbdPort, metrics, volSize, volumesYAML, addr, iscsiYAML)
 	v := &vmsan{proc: startProc(t, dir, cfg, addr), addr: addr, nbd: fmt.Sprintf("127.0.0.1:%d", nbdPort), raw: filepath.Join(dir, "data", "volumes", "disk.raw"), metrics: metrics}
 	// Registered after startProc's cleanup, so it runs first and reports

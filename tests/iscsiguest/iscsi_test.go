@@ -163,8 +163,8 @@ func guestLogin(t *testing.T, guest, kind string) {
 // Two ways to lose a path: "drop" closes its TCP connections (a target
 // port that went away: the initiator sees the close at once) and
 // "blackhole" stalls them (a silent network loss: only open-iscsi's
-// NOP-Out ping, 2 s + 2 s here, notices). Either way the session then has
-// its recovery timeout (5 s: multipath.conf's fast_io_fail_tmo, which
+// NOP-Out ping, 1 s + 1 s here, notices). Either way the session then has
+// its recovery timeout (2 s: multipath.conf's fast_io_fail_tmo, which
 // multipathd writes over open-iscsi's replacement_timeout) to come back
 // before its I/O is failed to dm-multipath, which retries it on the other
 // path. Each runs against every target of targetKinds; with vmsan the two

@@ -194,7 +194,6 @@ volumes:
 iscsi:
     mode: per-volume
     node_name: %s
-    nop_interval: 2s
     listen: [{addr: %q, tpgt: %d, relative_port: %d}]
     peer_portals: [{addr: %q, tpgt: %d, relative_port: %d}]
     targets: [{volume: disk, scsi_id: %s}]

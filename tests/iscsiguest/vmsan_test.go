@@ -76,7 +76,6 @@ iscsi:
     node_name: %s
     auth: {user: %s, secret: %q, mutual_user: %s, mutual_secret: %q}
     discovery_auth: {user: %s, secret: %q, mutual_user: %s, mutual_secret: %q}
-    nop_interval: 2s
 `, filepath.Join(dir, "data"), nbd, size, tg.Portal, tg.Portal2, vmsanNode, tg.User, tg.Secret, tg.MutualUser, tg.MutualSecret,
 			tg.DiscUser, tg.DiscSecret, tg.DiscMutualUser, tg.DiscMutualSecret)
 		p, ok := runVmsan(t, bin, dir, cfg, tg.Portal, tg.Portal2)

@@ -26,6 +26,7 @@ type out struct {
 	res  *scsi.Result
 
 	closeAfter bool // close the connection once this is written
+	ping       bool // a target NOP-In: the writer stamps pingSent
 	then       func()
 	// finished, when set, has its finish(task) called after then: a
 	// completed command's end, without a closure per command.
@@ -63,11 +64,19 @@ type conn struct {
 	rsp pdu.SCSIResponse
 	hdr [pdu.BHSLen + pdu.DigestLen]byte // writePDU's (Encode's interface call would move a local to the heap)
 
-	lastRecv atomic.Int64 // unix nanos of the last PDU read
-	draining atomic.Bool  // Shutdown: stop taking commands, close when idle
-	aborted  atomic.Bool
-	sess     *session
-	wdone    chan struct{}
+	lastRecv atomic.Int64 // unix nanos of the last PDU read, or of the reader's return to the socket
+	// busy: the reader is handling a PDU (maybe waiting for room in the
+	// queue), not reading: silence then says nothing about the peer.
+	busy atomic.Bool
+	// writeSince: unix nanos when the socket write now in progress began
+	// (0: none); pingSent: when the writer queued the last target ping
+	// into bw (it leaves with the next flush).
+	writeSince atomic.Int64
+	pingSent   atomic.Int64
+	draining   atomic.Bool // Shutdown: stop taking commands, close when idle
+	aborted    atomic.Bool
+	sess       *session
+	wdone      chan struct{}
 }
 
 // queueLimit bounds reader-originated items waiting for the writer
@@ -217,9 +226,12 @@ func (c *conn) writer() {
 		c.qmu.Unlock()
 		for _, o := range batch {
 			if !failed {
-				if err := c.write(o); err != nil {
+				err := c.write(o)
+				if err != nil {
 					failed = true
 					c.nc.Close()
+				} else if o.ping {
+					c.pingSent.Store(nowNano())
 				}
 			}
 			if c.bw.Refs() > 0 && !failed {
@@ -247,7 +259,11 @@ func (c *conn) writer() {
 // flush writes what bw gathered, then finishes the items it referenced.
 // Only the writer goroutine (or login, before it starts) calls it.
 func (c *conn) flush() error {
+	// Stamped for the pinger: a flush (at most about flushAt bytes) that
+	// blocks means the peer stopped taking data.
+	c.writeSince.Store(nowNano())
 	err := c.bw.Flush()
+	c.writeSince.Store(0)
 	c.finishHeld()
 	return err
 }
@@ -420,29 +436,57 @@ func (c *conn) writeResult(t *task, r *scsi.Result) error {
 	return c.writePDU(rsp, sense, true)
 }
 
-// pinger sends a NOP-In when the connection has been idle NopInterval and
-// closes it when nothing arrives within NopTimeout of a ping: a dead
-// initiator (cable pulled, host frozen) does not hold its session, its
-// reservations and its in-flight budget forever.
+// pinger declares a silent connection dead: it sends a NOP-In when
+// nothing has arrived for NopInterval and closes the connection when
+// nothing arrives within NopTimeout of the ping leaving. A dead initiator
+// (cable pulled, host frozen) then does not hold its session, its
+// reservations and its in-flight budget; above all, a path that went
+// silent is closed before the initiator can have failed its I/O over to
+// another path, so commands it sent before the loss and the network
+// still holds (retransmitted, or in a stalled switch) meet a closed
+// socket when the path returns instead of executing over newer writes
+// made on the other path. That needs NopInterval + NopTimeout (+ a
+// tick) below the initiator's detection plus recovery timeout (docs/
+// iscsi.md, "What happens on each failure").
+//
+// Silence counts only while the reader is waiting on the socket: a
+// reader held up by its own backpressure has not heard from the peer
+// because it is not listening. A socket write (one flush, at most about
+// flushAt bytes) blocked for NopInterval + NopTimeout means the peer
+// takes no data: dead too. That covers a ping stuck behind it and a
+// reader stuck behind the writer.
 func (c *conn) pinger(stop chan struct{}) {
-	iv := c.s.cfg.NopInterval
-	tick := time.NewTicker(iv / 2)
+	iv, to := c.s.cfg.NopInterval, c.s.cfg.NopTimeout
+	tick := time.NewTicker(pingTick(iv, to))
 	defer tick.Stop()
-	var pingedAt time.Time
+	stall := (iv + to).Nanoseconds()
+	var pingedAt time.Time // when the ping was queued; zero: none out
 	var ttt uint32 = 0x40000000
+	dead := func(why string) {
+		c.s.nopTimeouts.Add(1)
+		c.s.cfg.Logger.Warn("iscsi: initiator silent; closing the connection", "remote", c.log(), "why", why)
+		c.abort()
+	}
 	for {
 		select {
 		case <-stop:
 			return
 		case now := <-tick.C:
+			if ws := c.writeSince.Load(); ws != 0 && now.UnixNano()-ws > stall {
+				dead("a socket write made no progress")
+				return
+			}
+			if c.busy.Load() {
+				continue
+			}
 			last := time.Unix(0, c.lastRecv.Load())
 			if !pingedAt.IsZero() {
 				if last.After(pingedAt) {
 					pingedAt = time.Time{}
-				} else if now.Sub(pingedAt) > c.s.cfg.NopTimeout {
-					c.s.nopTimeouts.Add(1)
-					c.s.cfg.Logger.Warn("iscsi: initiator stopped answering NOP-In; closing", "remote", c.log())
-					c.abort()
+					continue
+				}
+				if ps := c.pingSent.Load(); ps != 0 && now.UnixNano()-ps > to.Nanoseconds() {
+					dead("no answer to NOP-In")
 					return
 				}
 				continue
@@ -453,11 +497,19 @@ func (c *conn) pinger(stop chan struct{}) {
 					ttt = 0x40000000
 				}
 				pingedAt = now
+				c.pingSent.Store(0)
 				// ITT reserved: a target ping; StatSN is not advanced.
-				c.post(&out{h: &pdu.NOPIn{ITT: pdu.ReservedTag, TTT: ttt, LUN: 0}})
+				c.post(&out{h: &pdu.NOPIn{ITT: pdu.ReservedTag, TTT: ttt, LUN: 0}, ping: true})
 			}
 		}
 	}
+}
+
+// pingTick is the pinger's period: a tenth of the shorter timer, so a
+// silent connection closes at most that much after NopInterval +
+// NopTimeout.
+func pingTick(iv, to time.Duration) time.Duration {
+	return max(min(iv, to)/10, 10*time.Millisecond)
 }
 
 var errProtocol = errors.New("iscsi target: protocol error")

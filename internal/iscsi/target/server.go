@@ -115,10 +115,15 @@ type Config struct {
 	// (default 256); a login past it is answered "out of resources"
 	// (0x0302). Reinstating an existing session is always allowed.
 	MaxSessions int
-	// NopInterval is how long a connection may be idle before the target
-	// pings it with a NOP-In (default 5s; negative disables pings), and
-	// NopTimeout how long it then waits for any PDU before closing the
-	// connection (default 15s).
+	// NopInterval is how long a connection may be silent before the
+	// target pings it with a NOP-In (default 1s; negative disables pings,
+	// and with them the closing of silent connections), and NopTimeout
+	// how long it then waits for any PDU before closing the connection
+	// (default 1s). Their sum must stay below the initiators' detection
+	// plus recovery timeout (3 s at the earliest with the settings `vmsan
+	// iscsi multipath-conf` prints): a silent path must be closed before
+	// its I/O is resent on another one, or commands the network still
+	// holds execute over newer data when it returns.
 	NopInterval time.Duration
 	NopTimeout  time.Duration
 	// LoginTimeout bounds the login phase (default 15s).
@@ -129,6 +134,25 @@ type Config struct {
 	// Rand is the CHAP challenge source (default crypto/rand).
 	Rand io.Reader
 }
+
+// The default NOP timers: a silent connection is closed 2-2.2 s after
+// the last PDU arrived, before an initiator with the recommended timers
+// (NOP-Out 1 s + 1 s, recovery 2 s) resends its I/O elsewhere (3 s at
+// the earliest). An initiator's kernel answers a NOP-In in well under a
+// millisecond on a healthy link, so 1 s leaves a loaded machine margin.
+const (
+	DefaultNopInterval = time.Second
+	DefaultNopTimeout  = time.Second
+)
+
+// SafeNopTotal is the most NopInterval + NopTimeout may add up to and
+// still close a silent connection before an initiator with the timers
+// `vmsan iscsi multipath-conf` recommends can have resent its I/O on
+// another path: the sum must stay below the host's noop_out_timeout +
+// recovery timeout (1 s + 2 s; the host's noop_out_interval cancels out,
+// see cmd/vmsan targetNopLimit), less 0.5 s for the pinger's tick and
+// scheduling.
+const SafeNopTotal = 2500 * time.Millisecond
 
 func (c *Config) setDefaults() {
 	def := func(v *int, d int) {
@@ -150,10 +174,10 @@ func (c *Config) setDefaults() {
 		c.SessionBudget = 64 << 20
 	}
 	if c.NopInterval == 0 {
-		c.NopInterval = 5 * time.Second
+		c.NopInterval = DefaultNopInterval
 	}
 	if c.NopTimeout <= 0 {
-		c.NopTimeout = 15 * time.Second
+		c.NopTimeout = DefaultNopTimeout
 	}
 	if c.LoginTimeout <= 0 {
 		c.LoginTimeout = 15 * time.Second

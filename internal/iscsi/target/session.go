@@ -172,8 +172,12 @@ func (ss *session) run() {
 			return
 		}
 		c.lastRecv.Store(nowNano())
+		c.busy.Store(true)
 		err = ss.handle(f)
 		ss.dropImm()
+		// Back to the socket: silence counts from here.
+		c.lastRecv.Store(nowNano())
+		c.busy.Store(false)
 		if err != nil {
 			c.s.cfg.Logger.Info("iscsi: closing connection", "remote", c.log(), "initiator", ss.nexus.InitiatorName, "why", err)
 			return

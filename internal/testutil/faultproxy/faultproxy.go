@@ -65,7 +65,10 @@ func (p *Proxy) log(format string, args ...any) {
 	}
 }
 
-type pair struct{ a, b net.Conn }
+type pair struct {
+	a, b  net.Conn
+	reset atomic.Bool // Reset closed it: a blackhole no longer holds its close
+}
 
 // New listens on listen and forwards to target.
 func New(listen, target string) (*Proxy, error) {
@@ -104,7 +107,11 @@ func (p *Proxy) SetBandwidth(bps int64) { p.bandwidth.Store(bps) }
 // Blackhole stalls (on) or resumes (off) all forwarding. Like a network
 // that silently loses every packet while TCP keeps retransmitting: the
 // connections stay open, nothing arrives, and everything sent is delivered
-// once the blackhole lifts (unless the endpoints gave up).
+// once the blackhole lifts (unless the endpoints gave up). A close is
+// held too: an endpoint that gives up during a blackhole is seen to close
+// by the other only when it lifts, as a FIN lost in the network would be
+// retransmitted then (what was sent before the close is then delivered
+// to an endpoint that may have closed in the meantime).
 func (p *Proxy) Blackhole(on bool) {
 	p.blackhole.Store(on)
 	if !on {
@@ -133,6 +140,7 @@ func (p *Proxy) Reset() {
 	}
 	p.mu.Unlock()
 	for _, c := range cs {
+		c.reset.Store(true)
 		rst(c.a)
 		rst(c.b)
 	}
@@ -193,7 +201,7 @@ func (p *Proxy) accept(ln net.Listener) {
 			continue
 		}
 		p.log("faultproxy %s: %s -> %s connected", p.Addr(), c.RemoteAddr(), t.LocalAddr())
-		pr := &pair{c, t}
+		pr := &pair{a: c, b: t}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -206,8 +214,8 @@ func (p *Proxy) accept(ln net.Listener) {
 		var done sync.WaitGroup
 		done.Add(2)
 		p.wg.Add(1)
-		go p.pipe(c, t, &done)
-		go p.pipe(t, c, &done)
+		go p.pipe(pr, c, t, &done)
+		go p.pipe(pr, t, c, &done)
 		cur := ln // the loop's ln changes when the proxy listens again
 		go func() {
 			done.Wait()
@@ -316,7 +324,7 @@ type chunk struct {
 
 // pipe copies src to dst through a delay line: a reader goroutine stamps
 // chunks, this goroutine releases each at stamp+delay, paced by bandwidth.
-func (p *Proxy) pipe(src, dst net.Conn, done *sync.WaitGroup) {
+func (p *Proxy) pipe(pr *pair, src, dst net.Conn, done *sync.WaitGroup) {
 	defer done.Done()
 	q := make(chan chunk, 256)
 	go func() {
@@ -340,18 +348,7 @@ func (p *Proxy) pipe(src, dst net.Conn, done *sync.WaitGroup) {
 		}
 	}()
 	for c := range q {
-		for p.blackhole.Load() {
-			p.mu.Lock()
-			w := p.wake
-			p.mu.Unlock()
-			if !p.blackhole.Load() {
-				break
-			}
-			select {
-			case <-w:
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
+		p.waitLift(pr)
 		if d := time.Duration(p.delay.Load()); d > 0 {
 			if wait := time.Until(c.at.Add(d)); wait > 0 {
 				time.Sleep(wait)
@@ -367,6 +364,25 @@ func (p *Proxy) pipe(src, dst net.Conn, done *sync.WaitGroup) {
 			if el := time.Since(start); el < want {
 				time.Sleep(want - el)
 			}
+		}
+	}
+	// src ended: its close crosses no blackhole either.
+	p.waitLift(pr)
+}
+
+// waitLift returns when no blackhole is on (or the pair was reset: there
+// is nothing left to hold).
+func (p *Proxy) waitLift(pr *pair) {
+	for p.blackhole.Load() && !pr.reset.Load() {
+		p.mu.Lock()
+		w := p.wake
+		p.mu.Unlock()
+		if !p.blackhole.Load() {
+			return
+		}
+		select {
+		case <-w:
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }

@@ -112,6 +112,45 @@ func TestBandwidth(t *testing.T) {
 	}
 }
 
+// TestBlackholeHoldsClose: an endpoint closing during a blackhole is not
+// seen by the other until it lifts (a silent network carries no FIN),
+// also when no data in that direction is held with it; data the other
+// side sent into the blackhole meets the closed endpoint then.
+func TestBlackholeHoldsClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	p, err := New("127.0.0.1:0", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Blackhole(true)
+	c.Write([]byte("stale"))
+	s.Close()
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	b := make([]byte, 16)
+	if n, err := c.Read(b); n != 0 || !errors.As(err, new(net.Error)) {
+		t.Fatalf("during the blackhole: %d bytes, %v; want a timeout", n, err)
+	}
+	p.Blackhole(false)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(b); n != 0 || errors.As(err, new(net.Error)) {
+		t.Fatalf("after the blackhole: %d bytes, %v; want the close", n, err)
+	}
+}
+
 // TestFollowTarget: with the target dead, a client of a following proxy
 // is refused (as by the dead node's own host), never accepted and reset;
 // once the target listens again on its address, the proxy forwards again

@@ -331,9 +331,22 @@ func TestGuestPairFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { p.Close() })
+		// While its node is down, the path refuses connections as the
+		// node's host would: an accepted and reset connection can wedge
+		// open-iscsi's reconnect of the session for good (the restarted
+		// node's path then never comes back; see docs/iscsi.md).
+		p.FollowTarget(true)
+		p.SetLog(func(f string, args ...any) {
+			t.Logf("%s "+f, append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+		})
 		proxies[i] = p
 	}
 	env := recommendedHostSettings(t, bin)
+	// VMSAN_GUEST_ISCSID_DEBUG: iscsid's debug level (its log is printed
+	// when a path does not come back).
+	if d := os.Getenv("VMSAN_GUEST_ISCSID_DEBUG"); d != "" {
+		env["ISCSID_DEBUG"] = d
+	}
 	for k, v := range map[string]string{
 		"PORTAL": guestPortal(proxies[0].Addr()), "PORTAL2": guestPortal(proxies[1].Addr()),
 		"IQN":   "iqn.2026-11.org.vmsan:" + vmsanNode + ":disk",

@@ -23,15 +23,18 @@ import (
 
 // Proxy forwards every accepted connection to a target.
 type Proxy struct {
-	ln     net.Listener
+	addr   string // the listening address; stays the same across re-listens
 	target string
 
-	delay     atomic.Int64 // ns per chunk, one way
-	bandwidth atomic.Int64 // bytes/s per direction per connection; 0 = unlimited
-	blackhole atomic.Bool  // stall: forward nothing, keep connections open
-	drop      atomic.Bool  // refuse new connections (accept and close)
+	delay      atomic.Int64 // ns per chunk, one way
+	bandwidth  atomic.Int64 // bytes/s per direction per connection; 0 = unlimited
+	blackhole  atomic.Bool  // stall: forward nothing, keep connections open
+	drop       atomic.Bool  // refuse new connections (accept and close)
+	followDown atomic.Bool  // stop listening while the target is down
 
 	mu     sync.Mutex
+	ln     net.Listener // replaced when the proxy listens again
+	down   net.Listener // the listener closed because the target is down
 	conns  map[*pair]struct{}
 	wake   chan struct{} // closed and replaced when blackhole lifts
 	closed bool
@@ -39,6 +42,27 @@ type Proxy struct {
 
 	// Bytes counts payload forwarded in both directions.
 	Bytes atomic.Int64
+	// Accepted counts connections accepted; DialErrors those closed at
+	// once because the target could not be dialed.
+	Accepted, DialErrors atomic.Int64
+
+	logf atomic.Pointer[func(format string, args ...any)]
+}
+
+// SetLog makes the proxy report connection events (accepted, dial
+// failures, closes with byte counts) through f; nil turns it off.
+func (p *Proxy) SetLog(f func(format string, args ...any)) {
+	if f == nil {
+		p.logf.Store(nil)
+		return
+	}
+	p.logf.Store(&f)
+}
+
+func (p *Proxy) log(format string, args ...any) {
+	if f := p.logf.Load(); f != nil {
+		(*f)(format, args...)
+	}
 }
 
 type pair struct {
@@ -52,14 +76,26 @@ func New(listen, target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[*pair]struct{}{}, wake: make(chan struct{})}
+	p := &Proxy{ln: ln, addr: ln.Addr().String(), target: target, conns: map[*pair]struct{}{}, wake: make(chan struct{})}
 	p.wg.Add(1)
-	go p.accept()
+	go p.accept(ln)
 	return p, nil
 }
 
 // Addr is the proxy's listening address.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string { return p.addr }
+
+// FollowTarget (on) makes the proxy stop listening while its target
+// cannot be dialed (noticed when a dial for a new connection fails or an
+// upstream connection ends), and listen again on the same address once
+// the target accepts connections: a client then gets connection refused,
+// as it would from the target's own host with the process dead, instead
+// of a connection that is accepted and reset at once. The latter happens
+// on no real network path to a dead node, and open-iscsi's reconnect can
+// wedge on it: a reset between binding the new connection to the session
+// and the login leaves the kernel connection in cleanup, and every later
+// bind fails with ENOTCONN.
+func (p *Proxy) FollowTarget(on bool) { p.followDown.Store(on) }
 
 // SetDelay adds d of one-way latency to every chunk forwarded.
 func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
@@ -128,30 +164,43 @@ func rst(c net.Conn) {
 func (p *Proxy) Close() error {
 	p.mu.Lock()
 	p.closed = true
+	ln := p.ln
 	p.mu.Unlock()
-	err := p.ln.Close()
+	err := ln.Close()
 	p.Reset()
 	p.Blackhole(false)
 	p.wg.Wait()
 	return err
 }
 
-func (p *Proxy) accept() {
+func (p *Proxy) accept(ln net.Listener) {
 	defer p.wg.Done()
 	for {
-		c, err := p.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
+			if p.followDown.Load() && p.isDown(ln) {
+				// Closed by targetDown: listen again when the target is up.
+				if ln = p.relisten(); ln != nil {
+					continue
+				}
+			}
 			return
 		}
+		p.Accepted.Add(1)
 		if p.drop.Load() {
+			p.log("faultproxy %s: %s dropped", p.Addr(), c.RemoteAddr())
 			rst(c)
 			continue
 		}
 		t, err := net.DialTimeout("tcp", p.target, 2*time.Second)
 		if err != nil {
+			p.DialErrors.Add(1)
+			p.log("faultproxy %s: %s: dial %s: %v", p.Addr(), c.RemoteAddr(), p.target, err)
 			rst(c)
+			p.targetDown(ln)
 			continue
 		}
+		p.log("faultproxy %s: %s -> %s connected", p.Addr(), c.RemoteAddr(), t.LocalAddr())
 		pr := &pair{a: c, b: t}
 		p.mu.Lock()
 		if p.closed {
@@ -167,14 +216,105 @@ func (p *Proxy) accept() {
 		p.wg.Add(1)
 		go p.pipe(pr, c, t, &done)
 		go p.pipe(pr, t, c, &done)
+		cur := ln // the loop's ln changes when the proxy listens again
 		go func() {
 			done.Wait()
 			p.mu.Lock()
 			delete(p.conns, pr)
 			p.mu.Unlock()
+			p.log("faultproxy %s: %s closed", p.Addr(), c.RemoteAddr())
+			if p.followDown.Load() {
+				p.watchTarget(cur)
+			}
 			p.wg.Done()
 		}()
 	}
+}
+
+// targetDown closes ln (the accept loop then waits for the target in
+// relisten) when following the target.
+func (p *Proxy) targetDown(ln net.Listener) {
+	if !p.followDown.Load() {
+		return
+	}
+	p.mu.Lock()
+	closing := p.ln == ln && !p.closed && p.down == nil
+	if closing {
+		p.down = ln
+		ln.Close()
+	}
+	p.mu.Unlock()
+	if closing {
+		p.log("faultproxy %s: target %s down: not listening", p.addr, p.target)
+	}
+}
+
+// watchTarget probes the target for a while after a connection ended
+// (perhaps because the target died: a killed process's connections and
+// listener close one by one, so the listener may still accept at first)
+// and calls targetDown if it stops accepting. Probing stops at the first
+// refusal or after about 1.3 s.
+func (p *Proxy) watchTarget(ln net.Listener) {
+	for d := 10 * time.Millisecond; d <= 640*time.Millisecond; d *= 2 {
+		p.mu.Lock()
+		stop := p.closed || p.ln != ln || p.down != nil
+		p.mu.Unlock()
+		if stop {
+			return
+		}
+		if !dialable(p.target) {
+			p.targetDown(ln)
+			return
+		}
+		time.Sleep(d)
+	}
+}
+
+// isDown reports whether ln was closed by targetDown.
+func (p *Proxy) isDown(ln net.Listener) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down == ln && !p.closed
+}
+
+// relisten waits until the target can be dialed, then listens on the
+// proxy's address again. It returns nil when the proxy is closed first.
+func (p *Proxy) relisten() net.Listener {
+	for {
+		time.Sleep(50 * time.Millisecond)
+		p.mu.Lock()
+		closed := p.closed
+		p.mu.Unlock()
+		if closed {
+			return nil
+		}
+		if !dialable(p.target) {
+			continue
+		}
+		ln, err := net.Listen("tcp", p.addr)
+		if err != nil {
+			continue // the port is briefly taken: try again
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			ln.Close()
+			return nil
+		}
+		p.ln, p.down = ln, nil
+		p.mu.Unlock()
+		p.log("faultproxy %s: target %s up: listening again", p.addr, p.target)
+		return ln
+	}
+}
+
+func dialable(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 type chunk struct {
@@ -196,6 +336,7 @@ func (p *Proxy) pipe(pr *pair, src, dst net.Conn, done *sync.WaitGroup) {
 				q <- chunk{b[:n], time.Now()}
 			}
 			if err != nil {
+				p.log("faultproxy %s: read %s -> %s: %v", p.Addr(), src.RemoteAddr(), src.LocalAddr(), err)
 				return
 			}
 		}

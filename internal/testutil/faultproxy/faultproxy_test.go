@@ -3,8 +3,11 @@ package faultproxy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -145,5 +148,119 @@ func TestBlackholeHoldsClose(t *testing.T) {
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err := c.Read(b); n != 0 || errors.As(err, new(net.Error)) {
 		t.Fatalf("after the blackhole: %d bytes, %v; want the close", n, err)
+	}
+}
+
+// TestFollowTarget: with the target dead, a client of a following proxy
+// is refused (as by the dead node's own host), never accepted and reset;
+// once the target listens again on its address, the proxy forwards again
+// on its own address.
+func TestFollowTarget(t *testing.T) {
+	tln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := tln.Addr().String()
+	serve := func(ln net.Listener) {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}
+	go serve(tln)
+	p, err := New("127.0.0.1:0", target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.FollowTarget(true)
+	downs := make(chan struct{}, 10)
+	p.SetLog(func(format string, args ...any) {
+		if strings.Contains(fmt.Sprintf(format, args...), "down: not listening") {
+			downs <- struct{}{}
+		}
+	})
+	echo := func() error {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("x")); err != nil {
+			return err
+		}
+		b := make([]byte, 1)
+		_, err = io.ReadFull(c, b)
+		return err
+	}
+	if err := echo(); err != nil {
+		t.Fatalf("echo through the proxy: %v", err)
+	}
+
+	// The target dies while a client is connected: the proxy notices when
+	// the connection ends and refuses the next client at once.
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for p.Conns() == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	tln.Close()
+	p.Reset() // as the dying target's connections close
+	select {
+	case <-downs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the proxy did not notice its target down after its connection ended")
+	}
+	if err := echo(); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("client of a proxy whose target is down: %v, want connection refused", err)
+	}
+
+	// The target comes back and dies again with no client connected:
+	// within a few attempts (the first may be accepted while the proxy
+	// learns that the target is down), clients are refused.
+	tln, err = net.Listen("tcp", target)
+	if err != nil {
+		t.Skipf("target address taken meanwhile: %v", err)
+	}
+	go serve(tln)
+	for deadline := time.Now().Add(10 * time.Second); echo() != nil; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not forward again after the target came back")
+		}
+	}
+	tln.Close()
+	refused := false
+	for i := 0; i < 50 && !refused; i++ {
+		err := echo()
+		if err == nil {
+			t.Fatal("echo through the proxy with the target down")
+		}
+		refused = errors.Is(err, syscall.ECONNREFUSED)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !refused {
+		t.Fatal("the proxy kept accepting connections with its target down")
+	}
+
+	// The target comes back on its address: the proxy forwards again.
+	tln, err = net.Listen("tcp", target)
+	if err != nil {
+		t.Skipf("target address taken meanwhile: %v", err)
+	}
+	defer tln.Close()
+	go serve(tln)
+	deadline := time.Now().Add(10 * time.Second)
+	for err := echo(); err != nil; err = echo() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not forward again after the target came back: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

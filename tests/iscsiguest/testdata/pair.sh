@@ -100,7 +100,10 @@ say "IO-CONTINUES slots=$(slots) uptime=$(uptime_s)"
 # Node a restarts as secondary: iscsid logs back in (same session), its
 # path comes back as a ghost with the standby priority; I/O stays on b.
 wait_for "$WAIT" path_is "$DEV_A" active ghost 1 || {
-	sed 's/^/  [iscsid] /' /tmp/iscsid.log | tail -40
+	# Each distinct line once (a wedged reconnect repeats one line every
+	# 2 s), and the kernel's view of the connections.
+	awk '!seen[$0]++' /tmp/iscsid.log | tail -150 | sed 's/^/  [iscsid] /'
+	dmesg 2>/dev/null | grep -i 'connection[0-9]' | tail -40 | sed 's/^/  [dmesg] /'
 	fail "node a's path did not come back as a ghost: $(paths | tr '\n' ';')"
 }
 say "PATH-GHOST a uptime=$(uptime_s)"

@@ -103,7 +103,7 @@ func (ps *proxies) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/restore" {
 		switch pp.how {
 		case "drop":
-			pp.p.Drop(false)
+			pp.p.Refuse(false)
 		case "blackhole":
 			pp.p.Blackhole(false)
 		}
@@ -119,7 +119,7 @@ func (ps *proxies) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := pp.p.Conns()
 	switch how {
 	case "drop":
-		pp.p.Drop(true)
+		pp.p.Refuse(true)
 	case "blackhole":
 		pp.p.Blackhole(true)
 	default:

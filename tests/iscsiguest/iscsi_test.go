@@ -174,7 +174,7 @@ func TestGuestMultipath(t *testing.T) {
 	for _, kind := range targetKinds() {
 		t.Run(kind, func(t *testing.T) {
 			t.Run("drop", func(t *testing.T) {
-				multipathCut(t, guest, kind, "drop", func(p *faultproxy.Proxy, on bool) { p.Drop(on) })
+				multipathCut(t, guest, kind, "drop", func(p *faultproxy.Proxy, on bool) { p.Refuse(on) })
 			})
 			t.Run("blackhole", func(t *testing.T) {
 				multipathCut(t, guest, kind, "blackhole", func(p *faultproxy.Proxy, on bool) { p.Blackhole(on) })

@@ -31,10 +31,11 @@ type Proxy struct {
 	blackhole  atomic.Bool  // stall: forward nothing, keep connections open
 	drop       atomic.Bool  // refuse new connections (accept and close)
 	followDown atomic.Bool  // stop listening while the target is down
+	refuse     atomic.Bool  // not listening: new connections are refused
 
 	mu     sync.Mutex
 	ln     net.Listener // replaced when the proxy listens again
-	down   net.Listener // the listener closed because the target is down
+	down   net.Listener // the listener closed (target down, or Refuse)
 	conns  map[*pair]struct{}
 	wake   chan struct{} // closed and replaced when blackhole lifts
 	closed bool
@@ -131,6 +132,27 @@ func (p *Proxy) Drop(on bool) {
 	}
 }
 
+// Refuse (on) stops listening, so that new connections are refused, as
+// by a host whose port is gone, and resets every open connection; off
+// listens again on the same address. Unlike Drop, a client never holds a
+// connection that was accepted and then reset: no real path to a dead
+// port gives it one, and open-iscsi's reconnect can wedge on it (see
+// FollowTarget).
+func (p *Proxy) Refuse(on bool) {
+	p.refuse.Store(on)
+	if !on {
+		return // the accept loop, waiting in relisten, listens again
+	}
+	p.mu.Lock()
+	if !p.closed && p.down == nil {
+		p.down = p.ln
+		p.ln.Close()
+	}
+	p.mu.Unlock()
+	p.log("faultproxy %s: refusing connections", p.addr)
+	p.Reset()
+}
+
 // Reset closes every open connection with a TCP RST (linger 0).
 func (p *Proxy) Reset() {
 	p.mu.Lock()
@@ -178,8 +200,9 @@ func (p *Proxy) accept(ln net.Listener) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			if p.followDown.Load() && p.isDown(ln) {
-				// Closed by targetDown: listen again when the target is up.
+			if p.isDown(ln) {
+				// Closed by targetDown or Refuse: listen again when the
+				// target is up and connections are not refused.
 				if ln = p.relisten(); ln != nil {
 					continue
 				}
@@ -270,15 +293,16 @@ func (p *Proxy) watchTarget(ln net.Listener) {
 	}
 }
 
-// isDown reports whether ln was closed by targetDown.
+// isDown reports whether ln was closed by targetDown or Refuse.
 func (p *Proxy) isDown(ln net.Listener) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.down == ln && !p.closed
 }
 
-// relisten waits until the target can be dialed, then listens on the
-// proxy's address again. It returns nil when the proxy is closed first.
+// relisten waits until connections are not refused and (when following
+// the target) the target can be dialed, then listens on the proxy's
+// address again. It returns nil when the proxy is closed first.
 func (p *Proxy) relisten() net.Listener {
 	for {
 		time.Sleep(50 * time.Millisecond)
@@ -288,7 +312,7 @@ func (p *Proxy) relisten() net.Listener {
 		if closed {
 			return nil
 		}
-		if !dialable(p.target) {
+		if p.refuse.Load() || (p.followDown.Load() && !dialable(p.target)) {
 			continue
 		}
 		ln, err := net.Listen("tcp", p.addr)
@@ -303,7 +327,7 @@ func (p *Proxy) relisten() net.Listener {
 		}
 		p.ln, p.down = ln, nil
 		p.mu.Unlock()
-		p.log("faultproxy %s: target %s up: listening again", p.addr, p.target)
+		p.log("faultproxy %s: listening again (target %s)", p.addr, p.target)
 		return ln
 	}
 }

@@ -264,3 +264,74 @@ func TestFollowTarget(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestRefuse: while refusing, a client's connect fails with connection
+// refused (never accepted and then reset) and an open connection is
+// reset; afterwards the proxy forwards again on the same address.
+func TestRefuse(t *testing.T) {
+	tln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tln.Close()
+	go func() {
+		for {
+			c, err := tln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	p, err := New("127.0.0.1:0", tln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	echo := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("x")); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(c, make([]byte, 1))
+		return err
+	}
+	open, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	if err := echo(open); err != nil {
+		t.Fatalf("echo through the proxy: %v", err)
+	}
+	p.Refuse(true)
+	if err := echo(open); err == nil {
+		t.Fatal("a connection open before Refuse still forwards")
+	}
+	for i := 0; i < 20; i++ {
+		c, err := net.Dial("tcp", p.Addr())
+		if err == nil {
+			c.Close()
+			t.Fatalf("connect %d while refusing was accepted", i)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("connect while refusing: %v, want connection refused", err)
+		}
+	}
+	p.Refuse(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", p.Addr())
+		if err == nil {
+			err = echo(c)
+			c.Close()
+			if err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not forward again after Refuse(false): %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -106,7 +106,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	promote := op("promote", "Make this node primary for the volume (refused while the peer is primary and connected)", "promote")
 	promote.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
 	status := replStatusCommand(&dataDir)
-	demote := op("demote", "Make this node secondary for the volume (refused while clients hold it open)", "demote")
+	demote := op("demote", "Make this node secondary for the volume (refused while clients such as NBD connections hold it open; per-volume iSCSI logical units follow roles and do not count)", "demote")
 	demote.Flags().BoolVar(&force, "force", false, "demote even though clients hold the volume open (their writes then fail)")
 	rc.AddCommand(configure, promote, demote,
 		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
@@ -138,7 +138,7 @@ func replVolumeCommands() []*cobra.Command {
 	var force, demoteForce bool
 	p := mk("promote", "Make this node primary for a replicated volume (refused while the peer is primary and connected)", "promote", &force)
 	p.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
-	d := mk("demote", "Make this node secondary for a replicated volume (refused while clients hold it open)", "demote", &demoteForce)
+	d := mk("demote", "Make this node secondary for a replicated volume (refused while clients such as NBD connections hold it open; per-volume iSCSI logical units follow roles and do not count)", "demote", &demoteForce)
 	d.Flags().BoolVar(&demoteForce, "force", false, "demote even though clients hold the volume open (their writes then fail)")
 	return []*cobra.Command{p, d,
 		mk("verify", "Online verify of a replicated volume against its peer", "verify", nil)}

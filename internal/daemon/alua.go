@@ -1,6 +1,10 @@
 package daemon
 
-import "sync"
+import (
+	"fmt"
+	"sync"
+	"time"
+)
 
 // VolumeRole is a volume's role in a replicated pair as front ends present
 // it to initiators (iSCSI: ALUA asymmetric access states). The daemon is
@@ -38,6 +42,29 @@ func (r VolumeRole) String() string {
 // (iscsiFrontEnd). volumeRoleChanged must not call SetVolumeRole.
 type roleObserver interface {
 	volumeRoleChanged(name string, r VolumeRole)
+}
+
+// roleDrainer is implemented by front ends that can wait until the
+// commands they admitted under the previous role have completed
+// (iscsiFrontEnd: the per-volume logical unit's ALUA-checked commands).
+type roleDrainer interface {
+	drainVolume(name string, timeout time.Duration) error
+}
+
+// DrainVolume waits (bounded by timeout) until every command that front
+// ends admitted for the volume before SetVolumeRole(name, RoleChanging)
+// has completed. Replication calls it between that and a demote, so no
+// write admitted as primary meets the read-only secondary (EROFS, which
+// an initiator would see as a target error instead of a path change).
+func (d *Daemon) DrainVolume(name string, timeout time.Duration) error {
+	for _, fe := range d.frontEnds {
+		if o, ok := fe.(roleDrainer); ok {
+			if err := o.drainVolume(name, timeout); err != nil {
+				return fmt.Errorf("volume %s: %w", name, err)
+			}
+		}
+	}
+	return nil
 }
 
 type volumeRoles struct {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"testing"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/scsi"
@@ -162,6 +163,15 @@ func TestReplicatedPairALUA(t *testing.T) {
 		} else if rd.status != 2 || rd.key != 2 || rd.asc != s.io[0] || rd.ascq != s.io[1] {
 			t.Fatalf("%v: READ status %d sense %x/%x/%x, want NOT READY %x/%x", s.role, rd.status, rd.key, rd.asc, rd.ascq, s.io[0], s.io[1])
 		}
+	}
+
+	// Every command above completed: the switch-over's drain (through the
+	// per-volume target) finds nothing admitted and returns at once.
+	if err := r.d.DrainVolume(config.DefaultVolumeName, time.Second); err != nil {
+		t.Fatalf("DrainVolume with nothing in flight: %v", err)
+	}
+	if n := tg.Admitted(); n != 0 {
+		t.Fatalf("admitted %d after every command completed", n)
 	}
 
 	// VPD 83: the NAA designator comes from scsi_id, not the volume UUID;

@@ -98,7 +98,8 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	for _, p := range ic.PeerPortals {
 		f.peer = append(f.peer, scsi.Port{Relative: p.RelativePort, Group: p.Tag()})
 	}
-	f.holds = &holdRegistry{Registry: registry{d}, d: d, n: map[*volrt.Volume]int64{}}
+	f.holds = &holdRegistry{Registry: registry{d}, d: d, n: map[*volrt.Volume]int64{},
+		followRoles: ic.ModeOrDefault() != config.ISCSIModeNode}
 	if w := nopWarning(time.Duration(ic.NopInterval), time.Duration(ic.NopTimeout)); w != "" {
 		d.log.Warn("iscsi: " + w)
 	}
@@ -208,6 +209,19 @@ func (f *iscsiFrontEnd) volumeRoleChanged(name string, r VolumeRole) {
 	if t != nil {
 		f.applyRole(t, r)
 	}
+}
+
+// drainVolume waits for the commands the volume's per-volume logical unit
+// admitted past its ALUA check (roleDrainer). Node mode presents no roles,
+// and its opens count as clients that block a demote (holdRegistry).
+func (f *iscsiFrontEnd) drainVolume(name string, timeout time.Duration) error {
+	f.mu.Lock()
+	t := f.perVolume[name]
+	f.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	return t.WaitAdmitted(timeout)
 }
 
 // applyRole sets the ALUA states of this node's and the peer's groups:
@@ -356,6 +370,10 @@ type holdRegistry struct {
 	d  *Daemon
 	mu sync.Mutex
 	n  map[*volrt.Volume]int64
+	// followRoles: per-volume mode, where each logical unit follows its
+	// volume's replication role (ALUA states, drained on a change): its
+	// hold is then not a client that blocks a demote (export.RoleFollower).
+	followRoles bool
 }
 
 func (h *holdRegistry) Open(name string) (export.Device, error) {
@@ -363,6 +381,9 @@ func (h *holdRegistry) Open(name string) (export.Device, error) {
 	dev, err := h.Registry.Open(name)
 	if err != nil {
 		return nil, err
+	}
+	if rf, ok := dev.(export.RoleFollower); ok && h.followRoles {
+		rf.FollowRoles()
 	}
 	h.mu.Lock()
 	h.n[v]++

@@ -68,3 +68,13 @@ var ErrNotFound = errNotFound{}
 type errNotFound struct{}
 
 func (errNotFound) Error() string { return "export: no such export" }
+
+// RoleFollower is implemented by a wrapped device whose holder may declare
+// that it follows the volume's replication role (it refuses I/O itself
+// while the role changes and waits for what it admitted before, e.g. an
+// ALUA-aware iSCSI logical unit). Such a holder is then not a client that
+// keeps the volume "held open" against a demote.
+type RoleFollower interface {
+	// FollowRoles marks this reference as role-following; idempotent.
+	FollowRoles()
+}

@@ -1,9 +1,12 @@
 package scsi
 
 import (
+	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
@@ -109,6 +112,10 @@ type Target struct {
 	altered map[uint16]bool // state set by SetPortGroupState (RTPG status)
 	ports   map[uint16]map[uint16]bool
 	aluaAny atomic.Bool // some group is not active/optimized
+	// admitted counts commands subject to ALUA states (those an ALUA state
+	// may refuse: media and state-changing ones) from their ALUA check to
+	// their completion (WaitAdmitted).
+	admitted atomic.Int64
 }
 
 // New returns a Target; it opens volumes lazily, on the first command
@@ -306,6 +313,35 @@ func (t *Target) SetPortGroupState(group uint16, state uint8) {
 	}
 }
 
+// ErrAdmittedTimeout: WaitAdmitted gave up with commands still running.
+var ErrAdmittedTimeout = errors.New("scsi: commands admitted before the ALUA state change are still running")
+
+// WaitAdmitted waits (polling, bounded by timeout) until no command that
+// is subject to ALUA states is between its ALUA check and its completion.
+// After SetPortGroupState(g, ALUATransitioning) for every group of this
+// node, that means every media command that may still reach the device
+// has completed: the caller may then change what the device does (e.g.
+// make it read-only) without a command admitted earlier seeing it.
+// Commands exempt from ALUA states (INQUIRY, REPORT TARGET PORT GROUPS...)
+// are not waited for.
+func (t *Target) WaitAdmitted(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		n := t.admitted.Load()
+		if n == 0 {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			return fmt.Errorf("%w (%d after %v)", ErrAdmittedTimeout, n, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Admitted returns how many commands subject to ALUA states are between
+// their ALUA check and their completion.
+func (t *Target) Admitted() int64 { return t.admitted.Load() }
+
 // PortGroupState returns a group's ALUA state (active/optimized unless set).
 func (t *Target) PortGroupState(group uint16) uint8 {
 	if !t.aluaAny.Load() {
@@ -444,6 +480,8 @@ type cmd struct {
 	fua    bool
 	onDone func(*ioengine.Request)
 	relFn  func()
+	// admitted: counted in t.admitted until finishStatus.
+	admitted bool
 }
 
 var cmdPool sync.Pool
@@ -476,7 +514,7 @@ func (c *cmd) release() {
 func (t *Target) Execute(task *Task, done func(*Result)) {
 	c := getCmd()
 	c.t, c.task, c.done = t, task, done
-	c.stage, c.fua, c.gate, c.gateX, c.desc = 0, false, false, false, false
+	c.stage, c.fua, c.gate, c.gateX, c.desc, c.admitted = 0, false, false, false, false, false
 	c.xfer = 0
 	cdb := task.CDB
 	if len(cdb) == 0 {
@@ -527,19 +565,26 @@ func (t *Target) Execute(task *Task, done func(*Result)) {
 			return
 		}
 	}
-	if t.aluaAny.Load() && d.flags&fALUAAll == 0 {
-		switch t.PortGroupState(n.PortGroup) {
-		case ALUAStandby:
-			if d.flags&fALUAStandby == 0 {
-				c.fail(senseStandby)
+	if d.flags&fALUAAll == 0 {
+		// INVARIANT: counted before the state is read (both seq-cst), so
+		// that WaitAdmitted after SetPortGroupState either sees this
+		// command or the command sees the new state.
+		t.admitted.Add(1)
+		c.admitted = true
+		if t.aluaAny.Load() {
+			switch t.PortGroupState(n.PortGroup) {
+			case ALUAStandby:
+				if d.flags&fALUAStandby == 0 {
+					c.fail(senseStandby)
+					return
+				}
+			case ALUAUnavailable:
+				c.fail(senseUnavailable)
+				return
+			case ALUATransitioning:
+				c.fail(senseTransitioning)
 				return
 			}
-		case ALUAUnavailable:
-			c.fail(senseUnavailable)
-			return
-		case ALUATransitioning:
-			c.fail(senseTransitioning)
-			return
 		}
 	}
 	if l.rsvActive.Load() && l.conflict(c) {
@@ -573,6 +618,10 @@ func (c *cmd) good() { c.finishStatus(StatusGood) }
 // finishStatus completes c with status and the data-in set so far,
 // computing residuals.
 func (c *cmd) finishStatus(status uint8) {
+	if c.admitted {
+		c.admitted = false
+		c.t.admitted.Add(-1)
+	}
 	c.res.Status = status
 	if status != StatusGood && status != StatusCheckCondition {
 		c.res.Sense = nil

@@ -16,8 +16,10 @@ import (
 //
 // Every wrapped device counts as a client holding the volume open until it
 // is released (the NBD server opens one per connection); Demote refuses
-// while any does. The replica's own reference (Options.Device) is not
-// wrapped, so it is not counted.
+// while any does, unless its holder declared it follows roles
+// (FollowRoles: an ALUA-aware iSCSI logical unit, drained before the
+// demote). The replica's own reference (Options.Device) is not wrapped,
+// so it is not counted.
 func (r *Replica) Wrap(dev export.Device) export.Device {
 	r.opens.Add(1)
 	return &device{Device: dev, r: r}
@@ -26,7 +28,16 @@ func (r *Replica) Wrap(dev export.Device) export.Device {
 type device struct {
 	export.Device
 	r        *Replica
-	released atomic.Bool
+	released atomic.Bool // the hold was dropped (Release or FollowRoles)
+}
+
+// FollowRoles (export.RoleFollower) drops this device's hold on the
+// volume without releasing it: its holder stops writing during a role
+// change on its own, so it need not block Demote.
+func (d *device) FollowRoles() {
+	if d.released.CompareAndSwap(false, true) {
+		d.r.opens.Add(-1)
+	}
 }
 
 // Release drops this client's hold (once, however often a front end calls

@@ -546,3 +546,31 @@ func TestDemoteRefusedWhileHeldOpen(t *testing.T) {
 		t.Fatalf("write after forced demote: %v, want EROFS", err)
 	}
 }
+
+// A holder that follows roles (an ALUA-aware iSCSI logical unit, which the
+// daemon drains before the demote) does not block Demote; a plain client
+// (NBD) next to it still does.
+func TestDemoteWithRoleFollowingHolder(t *testing.T) {
+	a, _ := pair(t, 8<<20, "C")
+	waitFor(t, "connected", 10*time.Second, connected(a))
+	a.front.Release()
+	lu := a.r.Wrap(a.dev)
+	defer lu.Release()
+	lu.(export.RoleFollower).FollowRoles()
+	lu.(export.RoleFollower).FollowRoles() // idempotent
+	nbd := a.r.Wrap(a.dev)
+	if err := a.r.Demote(false); !errors.Is(err, ErrHeldOpen) {
+		t.Fatalf("demote with an NBD-like client: %v, want ErrHeldOpen", err)
+	}
+	nbd.Release()
+	if n := a.r.Opens(); n != 0 {
+		t.Fatalf("opens %d with only a role follower", n)
+	}
+	if err := a.r.Demote(false); err != nil {
+		t.Fatalf("demote with only a role-following holder: %v", err)
+	}
+	lu.Release() // after FollowRoles: must not count again
+	if n := a.r.Opens(); n != 0 {
+		t.Fatalf("opens %d after the follower's release", n)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
@@ -162,6 +163,10 @@ func (p *Plugin) replica(name string) *Replica {
 	return p.replicas[name]
 }
 
+// drainTimeout bounds how long promote and demote wait for front-end
+// commands admitted under the old role (Daemon.DrainVolume).
+const drainTimeout = 10 * time.Second
+
 func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	r := p.replica(req.PathValue("volume"))
 	if r == nil {
@@ -176,6 +181,15 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 		// the role it ended in (also when the operation failed).
 		p.d.SetVolumeRole(r.name, daemon.RoleChanging)
 		defer func() { p.d.SetVolumeRole(r.name, frontRole(r.role())) }()
+		// Commands that passed the ALUA check before "changing" may still
+		// be running: let them finish as the old role, else a write
+		// admitted on a primary meets the demoted (read-only) device and
+		// the initiator sees DATA PROTECT, not a path change.
+		if err := p.d.DrainVolume(r.name, drainTimeout); err != nil {
+			writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict",
+				Message: fmt.Sprintf("%s refused, role unchanged: %v", op, err)})
+			return
+		}
 	}
 	switch op {
 	case "promote":

@@ -185,10 +185,15 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 		// be running: let them finish as the old role, else a write
 		// admitted on a primary meets the demoted (read-only) device and
 		// the initiator sees DATA PROTECT, not a path change.
+		// A forced operation goes ahead after the wait (the operator
+		// accepted that clients may see errors); the others are refused.
 		if err := p.d.DrainVolume(r.name, drainTimeout); err != nil {
-			writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict",
-				Message: fmt.Sprintf("%s refused, role unchanged: %v", op, err)})
-			return
+			if !strings.HasSuffix(op, "-force") {
+				writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict",
+					Message: fmt.Sprintf("%s refused, role unchanged: %v", op, err)})
+				return
+			}
+			p.log.Warn("forced role change with commands still running", "volume", r.name, "op", op, "err", err)
 		}
 	}
 	switch op {

@@ -137,11 +137,21 @@ func (p *Proxy) Drop(on bool) {
 // listens again on the same address. Unlike Drop, a client never holds a
 // connection that was accepted and then reset: no real path to a dead
 // port gives it one, and open-iscsi's reconnect can wedge on it (see
-// FollowTarget).
+// FollowTarget). Refuse(false) returns once the proxy listens again (or
+// after 2 s, e.g. while FollowTarget waits for a target that is down).
 func (p *Proxy) Refuse(on bool) {
 	p.refuse.Store(on)
 	if !on {
-		return // the accept loop, waiting in relisten, listens again
+		// The accept loop, polling in relisten, listens again.
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			p.mu.Lock()
+			up := p.down == nil || p.closed
+			p.mu.Unlock()
+			if up {
+				return
+			}
+		}
+		return
 	}
 	p.mu.Lock()
 	if !p.closed && p.down == nil {

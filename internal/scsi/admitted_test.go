@@ -27,11 +27,9 @@ func (d *heldWrites) Submit(r *ioengine.Request) {
 	d.Device.Submit(r)
 }
 
-// TestWaitAdmittedSwitchOver is a planned switch-over's first step: the
-// node's group goes transitioning; a write admitted before completes GOOD
-// (not DATA PROTECT) and WaitAdmitted returns only after it, while a new
-// write is refused with 04/0A (the initiator retries it).
-func TestWaitAdmittedSwitchOver(t *testing.T) {
+// newHeldTarget is a target with one LU on a memory device whose writes
+// wait for dev.release.
+func newHeldTarget(t *testing.T, ports func() []Port) (*heldWrites, *Target) {
 	mem := exporttest.NewMemDevice(t, "vol", testSize)
 	dev := &heldWrites{Device: mem, started: make(chan struct{}, 4), release: make(chan struct{})}
 	dir := t.TempDir()
@@ -39,9 +37,18 @@ func TestWaitAdmittedSwitchOver(t *testing.T) {
 		Registry: exporttest.NewRegistry(dev),
 		LUNs:     func() []LUN { return []LUN{{Number: 0, Volume: "vol"}} },
 		StateDir: func(string) (string, error) { return dir, nil },
-		Ports:    func() []Port { return []Port{{Relative: 1, Group: 1}, {Relative: 2, Group: 2}} },
+		Ports:    ports,
 	})
 	t.Cleanup(tg.Close)
+	return dev, tg
+}
+
+// TestWaitAdmittedSwitchOver is a planned switch-over's first step: the
+// node's group goes transitioning; a write admitted before completes GOOD
+// (not DATA PROTECT) and WaitAdmitted returns only after it, while a new
+// write is refused with 04/0A (the initiator retries it).
+func TestWaitAdmittedSwitchOver(t *testing.T) {
+	dev, tg := newHeldTarget(t, func() []Port { return []Port{{Relative: 1, Group: 1}, {Relative: 2, Group: 2}} })
 	n := &Nexus{InitiatorName: "iqn.a", InitiatorPort: "iqn.a,i,0x1", TargetName: "iqn.t", RelativePort: 1, PortGroup: 1}
 	tg.SetPortGroupState(2, ALUAStandby) // the peer's paths, as on a primary
 	tur := []byte{opTestUnitReady, 0, 0, 0, 0, 0}
@@ -91,15 +98,7 @@ func TestWaitAdmittedSwitchOver(t *testing.T) {
 // TestWaitAdmittedTimeout: a command that never completes makes
 // WaitAdmitted fail after its bound, so a switch-over can be refused.
 func TestWaitAdmittedTimeout(t *testing.T) {
-	mem := exporttest.NewMemDevice(t, "vol", testSize)
-	dev := &heldWrites{Device: mem, started: make(chan struct{}, 4), release: make(chan struct{})}
-	dir := t.TempDir()
-	tg := New(Config{
-		Registry: exporttest.NewRegistry(dev),
-		LUNs:     func() []LUN { return []LUN{{Number: 0, Volume: "vol"}} },
-		StateDir: func(string) (string, error) { return dir, nil },
-	})
-	t.Cleanup(tg.Close)
+	dev, tg := newHeldTarget(t, nil)
 	n := &Nexus{InitiatorName: "iqn.a", InitiatorPort: "iqn.a,i,0x1", TargetName: "iqn.t", RelativePort: 1}
 	tur := []byte{opTestUnitReady, 0, 0, 0, 0, 0}
 	for i := 0; i < 4 && execOn(t, tg, n, 0, tur, nil, 0).status != StatusGood; i++ {

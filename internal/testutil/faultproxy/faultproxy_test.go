@@ -269,21 +269,7 @@ func TestFollowTarget(t *testing.T) {
 // refused (never accepted and then reset) and an open connection is
 // reset; afterwards the proxy forwards again on the same address.
 func TestRefuse(t *testing.T) {
-	tln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tln.Close()
-	go func() {
-		for {
-			c, err := tln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
-	p, err := New("127.0.0.1:0", tln.Addr().String())
+	p, err := New("127.0.0.1:0", echoServer(t))
 	if err != nil {
 		t.Fatal(err)
 	}

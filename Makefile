@@ -10,6 +10,9 @@
 #   make deb     bin/vmsan_VERSION_ARCH.deb (dpkg-deb) from `make install`
 #   make fuzz    long fuzzing (FUZZTIME=5m per target by default)
 #   make bench   Go benchmarks
+#   make bench-check  the tests that assert a same-run ratio against another
+#                program (fio, qemu-nbd): noisy on a loaded machine, so not
+#                part of make test
 #   make soak    long-running soak tests (VMSAN_SOAK=1): the daemon soak and
 #                100 rounds of the replication fault loop (tests/repl)
 #   make scenarios  the replayed field cases (scenarios/*.sh, root; not part of test)
@@ -46,7 +49,7 @@ TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze \
              promtool iscsi-test-cu tgtd iscsiadm multipath dmsetup sg_inq bonnie++ jq
 
-.PHONY: all build install deb test deps vet unit race fuzz-short alua-kernel fuzz bench soak clean scenarios
+.PHONY: all build install deb test deps vet unit race fuzz-short alua-kernel fuzz bench bench-check soak clean scenarios
 
 all: build
 
@@ -174,6 +177,12 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...
+
+# Ratio checks against other programs, one package at a time so they do
+# not compete with each other for the cores they measure.
+BENCH_CHECK_RE := TestFioParity|TestQemuSequential4KWritesVsQemuNBD
+bench-check:
+	VMSAN_BENCH_CHECK=1 $(GO) test -count=1 -timeout $(TIMEOUT) -p 1 -run '$(BENCH_CHECK_RE)' ./internal/bench/ ./tests/interop/
 
 soak:
 	VMSAN_SOAK=1 $(GO) test -count=1 -run Soak -timeout 3h ./...

@@ -144,6 +144,7 @@ func compareWithFio(t *testing.T, target string, j parityJob, rounds int, secs f
 // within 1/1.35..1.35. That still catches the gross errors of the file engine (O_DIRECT
 // not in effect, requests not overlapped, bytes miscounted).
 func TestFioParity(t *testing.T) {
+	testutil.NeedBenchCheck(t)
 	testutil.NeedTool(t, "fio")
 	t.Run("latency-bound", func(t *testing.T) {
 		const (

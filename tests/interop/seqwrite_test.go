@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/tests/interop/servers"
 )
 
@@ -25,6 +26,7 @@ import (
 // run waited about 1.1 ms (a millisecond-granular Go timer, per-run
 // backstops).
 func TestQemuSequential4KWritesVsQemuNBD(t *testing.T) {
+	testutil.NeedBenchCheck(t)
 	need(t, "qemu-img", "qemu-nbd")
 	if serverKind != servers.VMSAN {
 		t.Skip("compares vmsan with qemu-nbd")

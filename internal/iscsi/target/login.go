@@ -25,11 +25,11 @@ type loginState struct {
 	initiator  string
 	targetName string // as the initiator asked, for logs
 	discovery  bool
-	target    Target
-	auth      *CHAP // required credentials, nil when no authentication
-	authDone  bool
-	chapStep  int // 0 nothing, 1 AuthMethod=CHAP agreed, 2 challenge sent, 3 done
-	challenge chap.Challenge
+	target     Target
+	auth       *CHAP // required credentials, nil when no authentication
+	authDone   bool
+	chapStep   int // 0 nothing, 1 AuthMethod=CHAP agreed, 2 challenge sent, 3 done
+	challenge  chap.Challenge
 }
 
 // loginError is a login failure with its status.

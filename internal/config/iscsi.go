@@ -458,3 +458,42 @@ func (c *ISCSI) validatePorts() []string {
 	}
 	return errs
 }
+
+// WithoutAccess returns c without the settings a reload applies to a
+// running daemon (CHAP credentials, ACLs, allow_any,
+// drop_revoked_sessions, per-volume auth and initiators): what is left
+// needs a restart when it changes.
+func (c ISCSI) WithoutAccess() ISCSI {
+	c.DiscoveryAuth, c.Auth, c.Initiators, c.AllowAny, c.DropRevokedSessions = nil, nil, nil, false, false
+	var ts []ISCSITarget
+	for _, t := range c.Targets {
+		t.Auth, t.Initiators = nil, nil
+		if t.SCSIID != "" {
+			ts = append(ts, t)
+		}
+	}
+	c.Targets = ts
+	return c
+}
+
+// WithAccessOf returns c with o's access settings (see WithoutAccess),
+// keeping c's other settings: per-volume entries take auth and
+// initiators from o and scsi_id from c.
+func (c ISCSI) WithAccessOf(o ISCSI) ISCSI {
+	c.DiscoveryAuth, c.Auth, c.Initiators, c.AllowAny, c.DropRevokedSessions = o.DiscoveryAuth, o.Auth, o.Initiators, o.AllowAny, o.DropRevokedSessions
+	ids := c.SCSIIDs()
+	var ts []ISCSITarget
+	seen := map[string]bool{}
+	for _, t := range o.Targets {
+		t.SCSIID = ids[t.Volume]
+		seen[t.Volume] = true
+		ts = append(ts, t)
+	}
+	for _, t := range c.Targets {
+		if !seen[t.Volume] && t.SCSIID != "" {
+			ts = append(ts, ISCSITarget{Volume: t.Volume, SCSIID: t.SCSIID})
+		}
+	}
+	c.Targets = ts
+	return c
+}

@@ -19,7 +19,7 @@ import (
 // initiator as an Asynchronous Message (CAPACITY DATA HAS CHANGED).
 func TestISCSIResizeAsyncMessage(t *testing.T) {
 	r := start(t, t.TempDir(), func(c *config.Config) {
-		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t"}
+		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t", AllowAny: true}
 	})
 	var addr string
 	for _, fe := range r.d.FrontEnds() {
@@ -75,7 +75,7 @@ func TestISCSIResizeAsyncMessage(t *testing.T) {
 func TestISCSIDeleteAfterLogout(t *testing.T) {
 	ls := testutil.NeedTool(t, "iscsi-ls")
 	r := start(t, t.TempDir(), func(c *config.Config) {
-		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t"}
+		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t", AllowAny: true}
 	})
 	if _, err := r.d.CreateVolume(volume.CreateOptions{Name: "extra", Size: 8 << 20}); err != nil {
 		t.Fatal(err)

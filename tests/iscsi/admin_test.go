@@ -371,6 +371,9 @@ func TestReloadAccess(t *testing.T) {
 	}
 	v.waitLog(t, "iscsi: login", "initiator="+b, "portal="+v.addr)
 	v.waitLog(t, "iscsi: session ended", "how=logout", "initiator="+b)
+	if strings.Contains(v.logText(), "iscsi changed; restart to apply") {
+		t.Fatalf("an access change was logged as needing a restart:\n%s", v.logTail())
+	}
 	m := scrape(t, v.metrics)
 	if m[`vmsan_iscsi_login_failures_total{reason="authentication"}`] < 1 || m[`vmsan_iscsi_login_failures_total{reason="authorization"}`] < 1 {
 		t.Fatalf("login failure counters: authentication %v, authorization %v",

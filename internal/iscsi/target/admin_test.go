@@ -136,3 +136,33 @@ func TestSessionsAndDropRevoked(t *testing.T) {
 		t.Fatalf("sessions after the drop: %+v", ss)
 	}
 }
+
+// TestSessionsCommandsInFlight: Sessions counts the commands a session
+// has received and not answered.
+func TestSessionsCommandsInFlight(t *testing.T) {
+	ts := startServer(t, nil)
+	ts.lu.block = make(chan struct{})
+	i := dial(t, ts.addr)
+	rsp := i.login()
+	for k := uint32(0); k < 3; k++ {
+		i.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 10 + k, ExpectedDataTransferLength: 512, CmdSN: rsp.ExpCmdSN + k, CDB: readCDB(k, 1)}, nil)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ts.lu.execs.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if ss := ts.srv.Sessions(); len(ss) != 1 || ss[0].CommandsInFlight != 3 {
+		t.Fatalf("sessions %+v, want one with 3 commands in flight", ss)
+	}
+	close(ts.lu.block)
+	for range 3 {
+		expect[*pdu.DataIn](i)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for ts.srv.Sessions()[0].CommandsInFlight != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := ts.srv.Sessions()[0].CommandsInFlight; n != 0 {
+		t.Fatalf("%d commands in flight after their answers", n)
+	}
+}

@@ -277,6 +277,11 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 	if err := old.Close(); err != nil {
 		d.log.Error("closing volume for reopen", "volume", name, "err", err)
 	}
+	// A device still held on the old instance (a logical unit that a
+	// session opened after ReleaseIdle looked) now fails with
+	// ErrVolumeGone, which makes its holder open the name again, instead
+	// of failing on the closed engine for good.
+	old.MarkGone()
 	nv, err := openVol(d.store, m, d.engineFor(name), uint32(d.cfg.MaxPayload))
 	if err != nil {
 		// Put the old settings back and serve the volume as before.

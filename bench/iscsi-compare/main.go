@@ -345,7 +345,8 @@ func startServer(ctx context.Context, cfg *config, kind, dataDir string) (*serve
 				return nil, err
 			}
 			iport = p
-			o.ExtraArgs = []string{"--iscsi-listen", fmt.Sprintf("127.0.0.1:%d", p)}
+			// A loopback benchmark target: any initiator may log in.
+			o.ExtraArgs = []string{"--iscsi-listen", fmt.Sprintf("127.0.0.1:%d", p), "--iscsi-allow-any"}
 		}
 		s, err := servers.Start(sctx, servers.VMSAN, o)
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/doctor"
 	"github.com/vmsan/vmsan/internal/scsi"
 )
@@ -97,6 +99,44 @@ func (o multipathOpts) targetNopLimit() time.Duration {
 	return time.Duration(o.noopTimeout+o.replacementTimeout)*time.Second - 500*time.Millisecond
 }
 
+// iscsiShowCmd is `vmsan iscsi show`: the running daemon's targets,
+// portals, access settings and sessions (the daemon's GET /v1/iscsi).
+func iscsiShowCmd() *cobra.Command {
+	var dataDir string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "show",
+		Short: "Show the running daemon's iSCSI targets, LUNs, portals, ACLs, CHAP users and sessions",
+		Long: `Show the running daemon's iSCSI configuration in force and its sessions:
+the node IQN and mode, portals and portal groups, each target with its
+LUN -> volume map, ACL, CHAP user names (never secrets) and what access
+they give (acl, chap, acl+chap, any, refused), and every logged-in session
+with its initiator IQN, ISID, TSIH, portal, connection count, digests,
+negotiated limits (MaxRecvDataSegmentLength both ways, MaxBurstLength,
+FirstBurstLength, ImmediateData, InitialR2T) and commands in flight.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := daemon.Dial(dataDir)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			in, err := c.ISCSIShow()
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return daemon.PrintJSON(cmd.OutOrStdout(), in)
+			}
+			daemon.PrintISCSI(cmd.OutOrStdout(), in)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", config.DefaultDataDir, "data directory of the daemon")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
 func init() {
 	ic := &cobra.Command{
 		Use:   "iscsi",
@@ -126,5 +166,6 @@ settings that make a path failover take seconds. See docs/iscsi.md.
 	mc.Flags().IntVar(&o.noopInterval, "noop-interval", o.noopInterval, "open-iscsi: NOP-Out ping interval in seconds")
 	mc.Flags().IntVar(&o.noopTimeout, "noop-timeout", o.noopTimeout, "open-iscsi: NOP-Out timeout in seconds")
 	ic.AddCommand(mc)
+	ic.AddCommand(iscsiShowCmd())
 	rootCmd.AddCommand(ic)
 }

@@ -80,6 +80,7 @@ logged and ignored.`,
 	f.StringVar(&fl.inflightBudget, "inflight-budget", "", "request payload bytes held in flight over all clients (default 1G or RAM/4, whichever is smaller)")
 	f.IntVar(&fl.maxConns, "max-connections", 0, "most NBD connections open at once (default 1024)")
 	f.IntVar(&fl.iscsiMaxSessions, "iscsi-max-sessions", 0, "most iSCSI sessions open at once (default 256)")
+	f.BoolVar(&fl.iscsiAllowAny, "iscsi-allow-any", false, "let any initiator log in to iSCSI targets without an ACL or CHAP (iscsi.allow_any; without it such logins are refused)")
 	f.StringVar(&fl.tlsMode, "tls", "off", "TLS mode: off, optional or required")
 	f.StringVar(&fl.tlsCert, "tls-cert", "", "server certificate (PEM)")
 	f.StringVar(&fl.tlsKey, "tls-key", "", "server private key (PEM)")
@@ -93,7 +94,7 @@ type serveFlags struct {
 	cfgFile, dataDir, metrics, logLevel, maxPayload string
 	tlsMode, tlsCert, tlsKey, tlsCA                 string
 	listen, iscsiListen                             []string
-	pprof                                           bool
+	pprof, iscsiAllowAny                            bool
 	inflightBudget                                  string
 	maxConns, iscsiMaxSessions                      int
 }
@@ -151,6 +152,9 @@ func (fl *serveFlags) config(cmd *cobra.Command) (config.Config, error) {
 	}
 	if f.Changed("max-connections") {
 		cfg.MaxConnections = fl.maxConns
+	}
+	if f.Changed("iscsi-allow-any") {
+		cfg.ISCSI.AllowAny = fl.iscsiAllowAny
 	}
 	if f.Changed("iscsi-max-sessions") {
 		cfg.ISCSI.MaxSessions = fl.iscsiMaxSessions

@@ -38,7 +38,7 @@ const (
 //	  mode: node                  # or per-volume
 //	  discovery_auth: {user: disc, secret_file: /etc/vmsan/disc.secret}
 //	  auth: {user: u, secret: "twelve+chars", mutual_user: t, mutual_secret: "other+secret"}
-//	  initiators: [iqn.1993-08.org.debian:01:abc]
+//	  initiators: [iqn.1993-08.org.debian:01:abc]   # ACL (or CHAP, or allow_any: true)
 //	  targets:                    # per-volume overrides (mode per-volume)
 //	    - {volume: db, initiators: [iqn.2020-01.com.example:db1]}
 //
@@ -72,8 +72,19 @@ type ISCSI struct {
 	DiscoveryAuth *ISCSIAuth `yaml:"discovery_auth,omitempty"`
 	// Auth makes CHAP mandatory for every target's normal sessions.
 	Auth *ISCSIAuth `yaml:"auth,omitempty"`
-	// Initiators is the ACL by initiator IQN (empty: any initiator).
+	// Initiators is the ACL by initiator IQN. A target with neither an
+	// ACL nor CHAP (Auth, or its Targets override) refuses every login
+	// (status 0202) and is listed to no one by discovery, unless AllowAny.
 	Initiators []string `yaml:"initiators,omitempty"`
+	// AllowAny lets any initiator log in to targets without an ACL or
+	// CHAP (the target is open to whoever reaches a portal). It must be
+	// set explicitly: the default refuses, loopback portals included.
+	AllowAny bool `yaml:"allow_any,omitempty"`
+	// DropRevokedSessions: a reload (SIGHUP) that takes an initiator's
+	// access away (ACL, CHAP credentials, allow_any) also closes its open
+	// sessions; by default they keep going and only new logins see the
+	// change.
+	DropRevokedSessions bool `yaml:"drop_revoked_sessions,omitempty"`
 	// Targets override Auth and Initiators per volume (per-volume mode).
 	Targets []ISCSITarget `yaml:"targets,omitempty"`
 	// QueueDepth is the CmdSN window per session (default 128).
@@ -446,4 +457,43 @@ func (c *ISCSI) validatePorts() []string {
 		}
 	}
 	return errs
+}
+
+// WithoutAccess returns c without the settings a reload applies to a
+// running daemon (CHAP credentials, ACLs, allow_any,
+// drop_revoked_sessions, per-volume auth and initiators): what is left
+// needs a restart when it changes.
+func (c ISCSI) WithoutAccess() ISCSI {
+	c.DiscoveryAuth, c.Auth, c.Initiators, c.AllowAny, c.DropRevokedSessions = nil, nil, nil, false, false
+	var ts []ISCSITarget
+	for _, t := range c.Targets {
+		t.Auth, t.Initiators = nil, nil
+		if t.SCSIID != "" {
+			ts = append(ts, t)
+		}
+	}
+	c.Targets = ts
+	return c
+}
+
+// WithAccessOf returns c with o's access settings (see WithoutAccess),
+// keeping c's other settings: per-volume entries take auth and
+// initiators from o and scsi_id from c.
+func (c ISCSI) WithAccessOf(o ISCSI) ISCSI {
+	c.DiscoveryAuth, c.Auth, c.Initiators, c.AllowAny, c.DropRevokedSessions = o.DiscoveryAuth, o.Auth, o.Initiators, o.AllowAny, o.DropRevokedSessions
+	ids := c.SCSIIDs()
+	var ts []ISCSITarget
+	seen := map[string]bool{}
+	for _, t := range o.Targets {
+		t.SCSIID = ids[t.Volume]
+		seen[t.Volume] = true
+		ts = append(ts, t)
+	}
+	for _, t := range c.Targets {
+		if !seen[t.Volume] && t.SCSIID != "" {
+			ts = append(ts, ISCSITarget{Volume: t.Volume, SCSIID: t.SCSIID})
+		}
+	}
+	c.Targets = ts
+	return c
 }

@@ -104,6 +104,7 @@ func TestReplicatedPairALUA(t *testing.T) {
 				{Addr: p2, TPGT: 2, RelativePort: 2}},
 			PeerPortals: []config.ISCSIPortal{{Addr: "127.0.0.2:3260", TPGT: 11, RelativePort: 11}},
 			Targets:     []config.ISCSITarget{{Volume: config.DefaultVolumeName, SCSIID: id}},
+			AllowAny:    true,
 		}
 	})
 	var fe *iscsiFrontEnd

@@ -47,6 +47,7 @@ func (d *Daemon) startControl() error {
 	mux.HandleFunc("POST /v1/volumes/{name}/settings", d.hSettings)
 	mux.HandleFunc("DELETE /v1/volumes/{name}", d.hDelete)
 	mux.HandleFunc("GET /v1/events", d.hEvents)
+	mux.HandleFunc("GET /v1/iscsi", d.hISCSI)
 	d.registerSnapshotRoutes(mux) // snapshots, clones, rollback, import
 	// Metrics are also on the control socket, so they are available without
 	// opening a TCP port: curl --unix-socket DATA_DIR/control.sock http://x/metrics
@@ -114,7 +115,7 @@ func (d *Daemon) info(m volume.Meta) VolumeInfo {
 	vi := VolumeInfo{Meta: m, Path: d.store.RawPath(m.Name), Allocated: allocatedBytes(d.store.RawPath(m.Name))}
 	if v := (*d.vols.Load())[m.Name]; v != nil {
 		vi.Open = true
-		vi.Exports = v.Refs()
+		vi.Exports = d.clientsOf(m.Name, v)
 	} else if err := d.store.CheckRaw(m.Name); err != nil {
 		vi.Problem = err.Error()
 	}
@@ -248,9 +249,18 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		d.publishVolume(events.Change, m)
 		return d.info(m), nil
 	}
-	if old.BeginDelete() { // same handshake with registry.Open as DeleteVolume
+	// Same handshake with registry.Open as DeleteVolume: from here no new
+	// reference is handed out, so the count below stays true.
+	if old.BeginDelete(); d.clientsOf(name, old) > 0 {
 		old.AbortDelete()
 		return VolumeInfo{}, fmt.Errorf("volume %s: %w (settings apply when no client is connected)", name, volume.ErrInUse)
+	}
+	// Idle holds (iSCSI logical units between sessions) would keep the
+	// instance closed below: let them go; the next command opens the new one.
+	for _, fe := range d.frontEnds {
+		if h, ok := fe.(idleHolder); ok {
+			h.ReleaseIdle(name)
+		}
 	}
 	prev, err := d.store.Get(name)
 	if err != nil {
@@ -267,6 +277,11 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 	if err := old.Close(); err != nil {
 		d.log.Error("closing volume for reopen", "volume", name, "err", err)
 	}
+	// A device still held on the old instance (a logical unit that a
+	// session opened after ReleaseIdle looked) now fails with
+	// ErrVolumeGone, which makes its holder open the name again, instead
+	// of failing on the closed engine for good.
+	old.MarkGone()
 	nv, err := openVol(d.store, m, d.engineFor(name), uint32(d.cfg.MaxPayload))
 	if err != nil {
 		// Put the old settings back and serve the volume as before.

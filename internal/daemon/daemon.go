@@ -481,26 +481,39 @@ func (d *Daemon) publish(fn func(m map[string]*volrt.Volume)) {
 
 // inUse is the store's InUse hook. It runs under the store mutex, so it only
 // reads atomics.
-func (d *Daemon) inUse(name string) bool {
+func (d *Daemon) inUse(name string) bool { return d.volumeClients(name) > 0 }
+
+// volumeClients is the one definition of "in use" every command applies
+// (volume list's EXPORTS, delete, set, rollback): the references front
+// ends hold on the volume for connected clients, that is, all of them but
+// the idle holds (idleHolder) of front ends with no client on it.
+func (d *Daemon) volumeClients(name string) int64 {
 	v := (*d.vols.Load())[name]
 	if v == nil {
-		return false
+		return 0
 	}
+	return d.clientsOf(name, v)
+}
+
+func (d *Daemon) clientsOf(name string, v *volrt.Volume) int64 {
 	refs := v.Refs()
 	for _, fe := range d.frontEnds {
 		if h, ok := fe.(idleHolder); ok {
 			refs -= h.IdleHolds(name)
 		}
 	}
-	return refs > 0
+	return max(refs, 0)
 }
 
 // idleHolder is a front end that holds volumes open without a client (the
 // iSCSI front end's logical units keep their volume between sessions).
 // IdleHolds returns how many of vol's references are such holds, so they
-// do not count as connected clients.
+// do not count as connected clients; ReleaseIdle drops them (before the
+// volume is closed and reopened with new settings: the holds would keep
+// the closed instance).
 type idleHolder interface {
 	IdleHolds(vol string) int64
+	ReleaseIdle(vol string)
 }
 
 // resizeHook is the store's Resize hook: an open volume is resized through

@@ -85,6 +85,7 @@ func PrintStatus(w io.Writer, s Status) {
 	}
 	tw.Flush()
 	printClients(w, s.Volumes)
+	printISCSIStats(w, s.FrontEnds)
 	for k, v := range s.Extra {
 		b, _ := json.MarshalIndent(v, "  ", "  ")
 		fmt.Fprintf(w, "\n%s:\n  %s\n", k, b)

@@ -7,10 +7,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
@@ -41,10 +43,9 @@ type iscsiFrontEnd struct {
 	luns     *lunMap
 	holds    *holdRegistry // the registry the SCSI layer opens volumes through
 
-	discovery *target.CHAP
-	auth      *target.CHAP
-	perAuth   map[string]*target.CHAP // per-volume overrides
-	perACL    map[string][]string
+	// pol is the access policy (CHAP, ACLs, allow_any): read at every
+	// login and discovery, replaced by a reload (reloadPolicy).
+	pol atomic.Pointer[iscsiPolicy]
 
 	stop     chan struct{} // ends watchCapacity
 	stopOnce sync.Once
@@ -86,13 +87,117 @@ func chapFrom(a *config.ISCSIAuth) (*target.CHAP, error) {
 	return c, nil
 }
 
+// iscsiPolicy is who may log in: CHAP credentials and ACLs, node-wide
+// and per volume (per-volume mode), and allow_any.
+type iscsiPolicy struct {
+	discovery   *target.CHAP
+	auth        *target.CHAP
+	initiators  []string
+	perAuth     map[string]*target.CHAP // per-volume overrides
+	perACL      map[string][]string
+	allowAny    bool
+	dropRevoked bool
+}
+
+// buildPolicy reads the access settings (and CHAP secret files) of ic.
+func buildPolicy(ic config.ISCSI) (*iscsiPolicy, error) {
+	p := &iscsiPolicy{perAuth: map[string]*target.CHAP{}, perACL: map[string][]string{},
+		initiators: ic.Initiators, allowAny: ic.AllowAny, dropRevoked: ic.DropRevokedSessions}
+	var err error
+	if p.discovery, err = chapFrom(ic.DiscoveryAuth); err != nil {
+		return nil, fmt.Errorf("iscsi.discovery_auth: %w", err)
+	}
+	if p.auth, err = chapFrom(ic.Auth); err != nil {
+		return nil, fmt.Errorf("iscsi.auth: %w", err)
+	}
+	for _, t := range ic.Targets {
+		if t.Auth != nil {
+			if p.perAuth[t.Volume], err = chapFrom(t.Auth); err != nil {
+				return nil, fmt.Errorf("iscsi.targets[%s].auth: %w", t.Volume, err)
+			}
+		}
+		if len(t.Initiators) > 0 {
+			p.perACL[t.Volume] = t.Initiators
+		}
+	}
+	return p, nil
+}
+
+// forVolume is the CHAP and ACL of a per-volume target.
+func (p *iscsiPolicy) forVolume(vol string) (*target.CHAP, []string) {
+	auth, acl := p.auth, p.initiators
+	if a := p.perAuth[vol]; a != nil {
+		auth = a
+	}
+	if l := p.perACL[vol]; l != nil {
+		acl = l
+	}
+	return auth, acl
+}
+
+// changes names the settings that differ between p and q (secrets
+// compared by value, so a rewritten secret_file counts).
+func (p *iscsiPolicy) changes(q *iscsiPolicy) []string {
+	var out []string
+	if !sameCHAP(p.discovery, q.discovery) {
+		out = append(out, "iscsi.discovery_auth")
+	}
+	if !sameCHAP(p.auth, q.auth) {
+		out = append(out, "iscsi.auth")
+	}
+	if !slices.Equal(p.initiators, q.initiators) {
+		out = append(out, "iscsi.initiators")
+	}
+	if p.allowAny != q.allowAny {
+		out = append(out, "iscsi.allow_any")
+	}
+	if p.dropRevoked != q.dropRevoked {
+		out = append(out, "iscsi.drop_revoked_sessions")
+	}
+	vols := map[string]bool{}
+	for v := range p.perAuth {
+		vols[v] = true
+	}
+	for v := range q.perAuth {
+		vols[v] = true
+	}
+	for v := range p.perACL {
+		vols[v] = true
+	}
+	for v := range q.perACL {
+		vols[v] = true
+	}
+	names := make([]string, 0, len(vols))
+	for v := range vols {
+		names = append(names, v)
+	}
+	sort.Strings(names)
+	for _, v := range names {
+		if !sameCHAP(p.perAuth[v], q.perAuth[v]) {
+			out = append(out, "iscsi.targets["+v+"].auth")
+		}
+		if !slices.Equal(p.perACL[v], q.perACL[v]) {
+			out = append(out, "iscsi.targets["+v+"].initiators")
+		}
+	}
+	return out
+}
+
+func sameCHAP(a, b *target.CHAP) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.User == b.User && string(a.Secret) == string(b.Secret) &&
+		a.MutualUser == b.MutualUser && string(a.MutualSecret) == string(b.MutualSecret)
+}
+
 func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	ic := d.cfg.ISCSI
 	if !ic.Enabled() {
 		return nil, nil
 	}
 	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"), stop: make(chan struct{}),
-		perVolume: map[string]*scsi.Target{}, perAuth: map[string]*target.CHAP{}, perACL: map[string][]string{}}
+		perVolume: map[string]*scsi.Target{}}
 	f.luns = &lunMap{d: d, byVol: map[string]uint64{}}
 	f.scsiIDs = ic.SCSIIDs()
 	for _, p := range ic.PeerPortals {
@@ -103,26 +208,14 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	if w := nopWarning(time.Duration(ic.NopInterval), time.Duration(ic.NopTimeout)); w != "" {
 		d.log.Warn("iscsi: " + w)
 	}
-	var err error
-	if f.discovery, err = chapFrom(ic.DiscoveryAuth); err != nil {
+	pol, err := buildPolicy(ic)
+	if err != nil {
 		return nil, err
 	}
-	if f.auth, err = chapFrom(ic.Auth); err != nil {
-		return nil, err
-	}
-	for _, t := range ic.Targets {
-		if t.Auth != nil {
-			if f.perAuth[t.Volume], err = chapFrom(t.Auth); err != nil {
-				return nil, err
-			}
-		}
-		if len(t.Initiators) > 0 {
-			f.perACL[t.Volume] = t.Initiators
-		}
-	}
+	f.pol.Store(pol)
 	f.srv = target.New(target.Config{
 		Targets:       f.targets,
-		DiscoveryAuth: f.discovery,
+		DiscoveryAuth: pol.discovery,
 		QueueDepth:    ic.QueueDepth,
 		MaxTransfer:   iscsiMaxTransfer,
 		Budget:        &d.budget,
@@ -146,7 +239,63 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	if ic.ModeOrDefault() == config.ISCSIModeNode {
 		f.node = f.newSCSI(f.luns.get, "")
 	}
+	f.warnAccess(pol)
 	return f, nil
+}
+
+// warnAccess warns at start-up about portals open to any initiator on the
+// network, and about a configuration that lets no one in.
+func (f *iscsiFrontEnd) warnAccess(p *iscsiPolicy) {
+	var exposed []string
+	for _, ln := range f.lns {
+		if networkReachable(ln.Addr()) {
+			exposed = append(exposed, ln.Addr().String())
+		}
+	}
+	nodeOpen := p.auth == nil && len(p.initiators) == 0
+	perVolume := f.cfg.ModeOrDefault() == config.ISCSIModePerVolume
+	overrides := perVolume && (len(p.perAuth) > 0 || len(p.perACL) > 0)
+	switch {
+	case nodeOpen && p.allowAny && len(exposed) > 0:
+		f.d.log.Warn("iscsi: portals reachable from the network accept any initiator without CHAP or an ACL (iscsi.allow_any): anyone who reaches them can read and write the volumes",
+			"portals", exposed)
+	case nodeOpen && !p.allowAny && !overrides:
+		f.d.log.Warn("iscsi: no CHAP (iscsi.auth) and no ACL (iscsi.initiators) configured: every login is refused; set one, or iscsi.allow_any: true to let any initiator in")
+	}
+}
+
+// networkReachable says a listener accepts connections from other hosts
+// (a TCP address that is not loopback).
+func networkReachable(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && !ta.IP.IsLoopback()
+}
+
+// reloadPolicy applies the access settings of next (CHAP users, ACLs,
+// allow_any, drop_revoked_sessions) to logins from now on and returns
+// the keys that changed. With drop_revoked_sessions it also closes the
+// sessions whose initiator lost access; otherwise they keep going.
+// REQUIRES: p was built from next (buildPolicy) before the reload changed
+// anything.
+func (f *iscsiFrontEnd) reloadPolicy(p *iscsiPolicy) []string {
+	old := f.pol.Load()
+	changed := old.changes(p)
+	if len(changed) == 0 {
+		return nil
+	}
+	f.pol.Store(p)
+	f.srv.SetDiscoveryAuth(p.discovery)
+	for _, k := range changed {
+		f.d.log.Info("iscsi: access setting changed; new logins use it", "key", k)
+	}
+	if p.dropRevoked {
+		for _, r := range f.srv.DropRevoked() {
+			f.d.log.Info("iscsi: session dropped after the reload", "initiator", r.Session.Initiator, "target", r.Session.Target, "why", r.Why)
+		}
+	} else if len(changed) > 0 {
+		f.d.log.Info("iscsi: open sessions keep going under the access they logged in with (iscsi.drop_revoked_sessions: true closes those that lost it)")
+	}
+	return changed
 }
 
 // newSCSI builds the SCSI layer over the daemon's volumes; vol names the
@@ -312,9 +461,10 @@ func (f *iscsiFrontEnd) volumeNames() []string {
 // targets is target.Config.Targets: read at each login and discovery.
 func (f *iscsiFrontEnd) targets() []target.Target {
 	names := f.volumeNames()
+	pol := f.pol.Load()
 	if f.cfg.ModeOrDefault() == config.ISCSIModeNode {
-		return []target.Target{{Name: f.iqn, Alias: "vmsan", LUs: f.node, Auth: f.auth,
-			Initiators: f.cfg.Initiators, Volumes: names}}
+		return []target.Target{{Name: f.iqn, Alias: "vmsan", LUs: f.node, Auth: pol.auth,
+			Initiators: pol.initiators, AllowAny: pol.allowAny, Volumes: names}}
 	}
 	out := make([]target.Target, 0, len(names))
 	f.mu.Lock()
@@ -330,15 +480,9 @@ func (f *iscsiFrontEnd) targets() []target.Target {
 			}
 			f.perVolume[n] = lus
 		}
-		auth, acl := f.auth, f.cfg.Initiators
-		if a := f.perAuth[n]; a != nil {
-			auth = a
-		}
-		if l := f.perACL[n]; l != nil {
-			acl = l
-		}
+		auth, acl := pol.forVolume(n)
 		out = append(out, target.Target{Name: f.iqn + ":" + iqnVolume(n), Alias: n, LUs: lus,
-			Auth: auth, Initiators: acl, Volumes: []string{n}})
+			Auth: auth, Initiators: acl, AllowAny: pol.allowAny, Volumes: []string{n}})
 	}
 	return out
 }
@@ -359,6 +503,22 @@ func (f *iscsiFrontEnd) IdleHolds(vol string) int64 {
 		return 0
 	}
 	return f.holds.count(vol)
+}
+
+// ReleaseIdle implements idleHolder: the logical units on vol close
+// (their volume hold with them) when no session uses the volume.
+func (f *iscsiFrontEnd) ReleaseIdle(vol string) {
+	if f.sessions.PerVolume()[vol] > 0 {
+		return
+	}
+	f.mu.Lock()
+	ts := []*scsi.Target{f.node, f.perVolume[vol]}
+	f.mu.Unlock()
+	for _, t := range ts {
+		if t != nil {
+			t.ReleaseVolume(vol)
+		}
+	}
 }
 
 // holdRegistry counts the devices the SCSI layer holds per volume
@@ -542,6 +702,10 @@ func (f *iscsiFrontEnd) Stats() volrt.FrontEndStats {
 		Clients:      f.sessions.List(),
 		Detail:       st,
 		Refused:      st.SessionsRefused,
+	}
+	fs.LoginFailures = make(map[string]uint64, len(target.LoginFailureReasons))
+	for _, r := range target.LoginFailureReasons {
+		fs.LoginFailures[r] = st.LoginFailureReasons[r]
 	}
 	for _, a := range f.addrs() {
 		fs.Listeners = append(fs.Listeners, a.String())

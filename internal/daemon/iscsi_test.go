@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 // initiator as an Asynchronous Message (CAPACITY DATA HAS CHANGED).
 func TestISCSIResizeAsyncMessage(t *testing.T) {
 	r := start(t, t.TempDir(), func(c *config.Config) {
-		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t"}
+		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t", AllowAny: true}
 	})
 	var addr string
 	for _, fe := range r.d.FrontEnds() {
@@ -75,7 +76,7 @@ func TestISCSIResizeAsyncMessage(t *testing.T) {
 func TestISCSIDeleteAfterLogout(t *testing.T) {
 	ls := testutil.NeedTool(t, "iscsi-ls")
 	r := start(t, t.TempDir(), func(c *config.Config) {
-		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t"}
+		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t", AllowAny: true}
 	})
 	if _, err := r.d.CreateVolume(volume.CreateOptions{Name: "extra", Size: 8 << 20}); err != nil {
 		t.Fatal(err)
@@ -111,5 +112,31 @@ func TestISCSIDeleteAfterLogout(t *testing.T) {
 	waitFor(t, "the session to end", func() bool { return r.d.Status().FrontEnds != nil && len(r.d.clients()["extra"]) == 0 })
 	if err := r.d.DeleteVolume("extra", false); err != nil {
 		t.Fatalf("delete after the iSCSI sessions ended: %v", err)
+	}
+}
+
+// TestISCSIRestartKeys: a reload names the iscsi keys that need a
+// restart; access settings (CHAP, ACLs, allow_any) are not among them,
+// and the running config takes them over without its restart-only keys.
+func TestISCSIRestartKeys(t *testing.T) {
+	cur := config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:3260"}}, NodeName: "a",
+		Targets: []config.ISCSITarget{{Volume: "db", SCSIID: "5f0c2d9e-0b7e-4c55-9a41-2b1f0e9f6c11"}}}
+	next := cur
+	next.Auth = &config.ISCSIAuth{User: "u", Secret: "twelve-bytes!"}
+	next.Initiators = []string{"iqn.2026-11.org.example:x"}
+	next.AllowAny, next.DropRevokedSessions = true, true
+	next.Targets = []config.ISCSITarget{{Volume: "db", SCSIID: cur.Targets[0].SCSIID, Initiators: []string{"iqn.2026-11.org.example:y"}}}
+	if !reflect.DeepEqual(cur.WithoutAccess(), next.WithoutAccess()) {
+		t.Fatalf("access-only change needs a restart: %v", iscsiRestartKeys(cur, next))
+	}
+	next.NodeName = "b"
+	next.Listen = []config.ISCSIPortal{{Addr: "127.0.0.1:3261"}}
+	if got := strings.Join(iscsiRestartKeys(cur, next), ","); got != "iscsi.listen,iscsi.node_name" {
+		t.Fatalf("restart keys %q", got)
+	}
+	merged := cur.WithAccessOf(next)
+	if merged.NodeName != "a" || merged.Listen[0].Addr != "127.0.0.1:3260" || merged.Auth == nil || !merged.AllowAny ||
+		len(merged.Targets) != 1 || merged.Targets[0].SCSIID != cur.Targets[0].SCSIID || len(merged.Targets[0].Initiators) != 1 {
+		t.Fatalf("merged %+v", merged)
 	}
 }

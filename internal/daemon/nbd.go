@@ -61,6 +61,16 @@ func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > maxSunPath {
 			d.log.Warn("NBD socket path is longer than sun_path (107 bytes); most clients cannot connect to it, use --listen unix:SHORTER_PATH", "path", p)
 		}
+		// NBD has no access control of its own: TLS with client
+		// certificates is what keeps strangers on the network out.
+		if networkReachable(ln.Addr()) {
+			switch {
+			case d.cfg.TLS.Mode != "required":
+				d.log.Warn("NBD listener is reachable from the network without TLS (tls.mode required): any client that reaches it can read and write every volume", "listen", ln.Addr().String())
+			case d.cfg.TLS.CA == "":
+				d.log.Warn("NBD listener is reachable from the network and tls.ca is not set: any TLS client can read and write every volume (set tls.ca to require client certificates)", "listen", ln.Addr().String())
+			}
+		}
 	}
 	d.nbd = f
 	return f, nil

@@ -7,6 +7,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/sdnotify"
@@ -48,13 +49,17 @@ func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load f
 //   - TLS certificate, key and CA files are re-read; handshakes from now on
 //     use them, established connections keep theirs (see serverTLS);
 //   - the log level changes (when the daemon made its own logger);
+//   - iSCSI access settings (CHAP users and secrets, secret files re-read,
+//     ACLs, allow_any, drop_revoked_sessions) apply to new logins; open
+//     sessions keep going, or with drop_revoked_sessions those whose
+//     initiator lost access are closed; each changed key is logged;
 //   - configured volumes that do not exist are created and exported;
 //     existing ones grow to a larger configured size, and their cache,
 //     rotational, read-only and description settings are applied when no
 //     client holds them (otherwise at the next restart);
 //   - everything else that differs (listeners, data_dir, metrics_listen,
 //     pprof, max_payload, inflight_budget, max_connections, TLS mode, engine tuning of open volumes,
-//     replication settings) is named in a log line as needing a restart.
+//     replication settings, the other iscsi settings) is named in a log line as needing a restart.
 //
 // Validation and TLS loading happen before anything changes: an error
 // there returns it and leaves the daemon exactly as it was. Errors on
@@ -76,6 +81,17 @@ func (d *Daemon) Reload(next config.Config) error {
 	d.mu.Lock()
 	cur := d.cfg
 	d.mu.Unlock()
+
+	// Read the iSCSI access settings (CHAP secret files) before anything
+	// changes: an unreadable or short secret rejects the whole reload.
+	isf := d.iscsiFrontEnd()
+	var pol *iscsiPolicy
+	if isf != nil {
+		var err error
+		if pol, err = buildPolicy(next.ISCSI); err != nil {
+			return err
+		}
+	}
 
 	// Load TLS first: bad certificate files reject the whole reload.
 	reloadTLS := d.tls != nil && next.TLS.Mode == cur.TLS.Mode
@@ -122,10 +138,14 @@ func (d *Daemon) Reload(next config.Config) error {
 	if next.Engine != cur.Engine {
 		restart("engine")
 	}
-	if !reflect.DeepEqual(next.ISCSI, cur.ISCSI) {
-		// Portals, CHAP, ACLs and the mode are read once in New; new
-		// volumes appear as LUNs/targets without a reload.
-		restart("iscsi")
+	if !reflect.DeepEqual(next.ISCSI.WithoutAccess(), cur.ISCSI.WithoutAccess()) || isf == nil && !reflect.DeepEqual(next.ISCSI, cur.ISCSI) {
+		// Portals, the mode, identities and timers are read once in New;
+		// new volumes appear as LUNs/targets without a reload. Access
+		// settings (CHAP, ACLs, allow_any) apply below.
+		restart("iscsi", "keys", iscsiRestartKeys(cur.ISCSI, next.ISCSI))
+	}
+	if isf != nil {
+		isf.reloadPolicy(pol)
 	}
 	if next.LogLevel != cur.LogLevel {
 		if d.level != nil {
@@ -143,6 +163,9 @@ func (d *Daemon) Reload(next config.Config) error {
 	d.mu.Lock()
 	d.cfg.LogLevel = next.LogLevel
 	d.cfg.Volumes = next.Volumes
+	if isf != nil {
+		d.cfg.ISCSI = d.cfg.ISCSI.WithAccessOf(next.ISCSI)
+	}
 	if reloadTLS {
 		d.cfg.TLS.Cert, d.cfg.TLS.Key, d.cfg.TLS.CA = next.TLS.Cert, next.TLS.Key, next.TLS.CA
 	}
@@ -164,6 +187,34 @@ func (d *Daemon) Reload(next config.Config) error {
 
 	d.log.Info("configuration reloaded", "volumes", len(next.Volumes))
 	return errors.Join(errs...)
+}
+
+// iscsiFrontEnd returns the running iSCSI front end, or nil.
+func (d *Daemon) iscsiFrontEnd() *iscsiFrontEnd {
+	for _, fe := range d.frontEnds {
+		if f, ok := fe.(*iscsiFrontEnd); ok {
+			return f
+		}
+	}
+	return nil
+}
+
+// iscsiRestartKeys names the iscsi settings (YAML keys) that differ
+// between a and b and need a restart.
+func iscsiRestartKeys(a, b config.ISCSI) []string {
+	a, b = a.WithoutAccess(), b.WithoutAccess()
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	var out []string
+	for i := 0; i < va.NumField(); i++ {
+		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
+			name, _, _ := strings.Cut(va.Type().Field(i).Tag.Get("yaml"), ",")
+			out = append(out, "iscsi."+name)
+		}
+	}
+	if len(out) == 0 {
+		out = []string{"iscsi"} // the front end is off: any change needs a restart
+	}
+	return out
 }
 
 func findVolume(vs []config.Volume, name string) (config.Volume, bool) {

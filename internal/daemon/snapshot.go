@@ -335,7 +335,7 @@ func (d *Daemon) Rollback(vol, snap string, force, copyData bool) (VolumeInfo, e
 	if err := replicatedErr(d.opts.Hooks.Resize, d.cfg.DataDir, vol); err != nil {
 		return VolumeInfo{}, err
 	}
-	if v := (*d.vols.Load())[vol]; v != nil && v.Refs() > 0 && !force {
+	if d.volumeClients(vol) > 0 && !force {
 		return VolumeInfo{}, fmt.Errorf("volume %s: %w (a rollback changes the data under the clients: disconnect them, or use --force)", vol, volume.ErrInUse)
 	}
 	resume, err := d.quiesce(vol)

@@ -42,7 +42,17 @@ func TestCollectFrontEnds(t *testing.T) {
 	}
 	// The vmsan_nbd_* series belong to the NBD front end only.
 	src.fes[0].Name = "iscsi"
-	if out := scrape(t, src); strings.Contains(out, "vmsan_nbd_") {
+	src.fes[0].LoginFailures = map[string]uint64{"authentication": 2, "authorization": 0}
+	out = scrape(t, src)
+	if strings.Contains(out, "vmsan_nbd_") {
 		t.Error("vmsan_nbd_* series without an NBD front end")
+	}
+	for _, want := range []string{
+		`vmsan_iscsi_login_failures_total{reason="authentication"} 2`,
+		`vmsan_iscsi_login_failures_total{reason="authorization"} 0`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %s", want)
+		}
 	}
 }

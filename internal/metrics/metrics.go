@@ -37,6 +37,11 @@
 //	frontend_bytes_total                                              {frontend, direction}
 //	frontend_volume_clients                                           {frontend, volume}
 //	frontend_connections_refused_total (connection/session limit)     {frontend}
+//	iscsi_login_failures_total{reason}  (from the front end named "iscsi"):
+//	    authentication, authorization, not_found, missing_parameter,
+//	    unsupported_version, session_type, session_not_found,
+//	    initiator_error, out_of_resources, service_unavailable,
+//	    target_error, protocol
 //
 // The daemon-wide in-flight budget (when the Source also implements
 // BudgetSource):
@@ -202,20 +207,21 @@ var (
 	dRDisc     = desc("repl_disconnects_total", "Replication disconnects by reason kind.", "volume", "reason")
 	dRAckLat   = desc("repl_peer_ack_latency_seconds", "Time from sending a replicated write to the peer's first ack.", "volume")
 
-	dFEAccepted = desc("frontend_connections_accepted_total", "Connections accepted by the front end.", "frontend")
-	dFEActive   = desc("frontend_connections_active", "Connections open now on the front end.", "frontend")
-	dFEReqs     = desc("frontend_requests_total", "Requests received by the front end.", "frontend")
-	dFEErrs     = desc("frontend_error_replies_total", "Replies carrying an error.", "frontend")
-	dFEBytes    = desc("frontend_bytes_total", "Payload bytes (read = sent to clients, write = received).", "frontend", "direction")
-	dFEClients  = desc("frontend_volume_clients", "Clients using the volume through the front end now.", "frontend", "volume")
-	dFERefused  = desc("frontend_connections_refused_total", "Connections (NBD) or logins (iSCSI) refused for the daemon's connection/session limit.", "frontend")
+	dFEAccepted     = desc("frontend_connections_accepted_total", "Connections accepted by the front end.", "frontend")
+	dFEActive       = desc("frontend_connections_active", "Connections open now on the front end.", "frontend")
+	dFEReqs         = desc("frontend_requests_total", "Requests received by the front end.", "frontend")
+	dFEErrs         = desc("frontend_error_replies_total", "Replies carrying an error.", "frontend")
+	dFEBytes        = desc("frontend_bytes_total", "Payload bytes (read = sent to clients, write = received).", "frontend", "direction")
+	dFEClients      = desc("frontend_volume_clients", "Clients using the volume through the front end now.", "frontend", "volume")
+	dFERefused      = desc("frontend_connections_refused_total", "Connections (NBD) or logins (iSCSI) refused for the daemon's connection/session limit.", "frontend")
+	dISCSILoginFail = desc("iscsi_login_failures_total", "iSCSI logins refused, by reason (authentication: CHAP; authorization: ACL or no access control configured).", "reason")
 
 	dBudgetLimit   = desc("inflight_budget_bytes", "Daemon-wide bound on request payload bytes held in flight (inflight_budget).")
 	dBudgetUsed    = desc("inflight_budget_used_bytes", "Request payload bytes held in flight now, over all clients of all front ends.")
 	dBudgetWaits   = desc("inflight_budget_waits_total", "Reservations that waited for the daemon-wide budget (NBD: a connection stopped reading requests until memory freed).")
 	dBudgetRefused = desc("inflight_budget_refused_total", "Reservations refused because the daemon-wide budget was spent (iSCSI: a command answered BUSY or TASK SET FULL).")
 
-	allDescs = []*prometheus.Desc{dFERefused, dBudgetLimit, dBudgetUsed, dBudgetWaits, dBudgetRefused, dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dNoSpace, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
+	allDescs = []*prometheus.Desc{dISCSILoginFail, dFERefused, dBudgetLimit, dBudgetUsed, dBudgetWaits, dBudgetRefused, dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dNoSpace, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
 		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
 	opNames = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
 
@@ -315,6 +321,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			if f.Name == "nbd" {
 				collectNBD(ch, f)
+			}
+			if f.Name == "iscsi" {
+				reasons := make([]string, 0, len(f.LoginFailures))
+				for r := range f.LoginFailures {
+					reasons = append(reasons, r)
+				}
+				sort.Strings(reasons)
+				for _, r := range reasons {
+					counter(dISCSILoginFail, f.LoginFailures[r], r)
+				}
 			}
 		}
 	}

@@ -160,6 +160,30 @@ func (t *Target) Close() {
 	}
 }
 
+// ReleaseVolume closes the logical units open on volume vol, releasing
+// their devices; a later command opens the volume again (a new logical
+// unit: reservations not persisted with APTPL, pending unit attentions and
+// mode page changes are lost, as after a power cycle). It returns how
+// many it closed. The daemon calls it on an idle volume before reopening
+// it with new settings. REQUIRES: no command on those logical units is in
+// flight (no session uses the volume), or such commands may fail.
+func (t *Target) ReleaseVolume(vol string) int {
+	t.mu.Lock()
+	var lus []*lu
+	for n, l := range t.lus {
+		if l.vol == vol {
+			lus = append(lus, l)
+			delete(t.lus, n)
+			t.fast.Delete(n)
+		}
+	}
+	t.mu.Unlock()
+	for _, l := range lus {
+		l.close()
+	}
+	return len(lus)
+}
+
 // lunFingerprint hashes the LUN map (FNV-1a, no allocation).
 func lunFingerprint(luns []LUN) uint64 {
 	h := uint64(14695981039346656037)

@@ -163,6 +163,9 @@ type FrontEndStats struct {
 	// case), every command listed, zeros included, so a rate works from
 	// the first scrape.
 	Commands []CommandCount `json:"-"`
+	// LoginFailures counts refused logins by reason (iSCSI: every reason
+	// listed, zeros included).
+	LoginFailures map[string]uint64 `json:"-"`
 }
 
 // CommandCount is the number of requests of one protocol command.

@@ -166,6 +166,7 @@ volumes:
 iscsi:
     listen: [{addr: %q, tpgt: 1}, {addr: %q, tpgt: 2}]
     node_name: test
+    allow_any: true
 `, filepath.Join(dir, "data"), nbd, volSize, p1, p2), p2)
 
 	out, err := run(t, 30*time.Second, "iscsi-ls", "-s", "iscsi://"+p1)
@@ -291,6 +292,7 @@ volumes:
 iscsi:
     mode: per-volume
     node_name: test
+    allow_any: true
     listen: [{addr: %q, tpgt: %d, relative_port: %d}]
     peer_portals: [{addr: %q, tpgt: %d, relative_port: %d}]
     targets: [{volume: disk, scsi_id: %s}]

@@ -54,7 +54,9 @@ type vmsan struct {
 }
 
 // startVmsan serves one 64 MiB volume "disk" over iSCSI with the given
-// extra YAML under `iscsi:` (indented by four spaces).
+// extra YAML under `iscsi:` (indented by four spaces). Unless that YAML
+// sets allow_any itself, it gets `allow_any: true`: most tests log in
+// without CHAP or an ACL, which the daemon refuses by default.
 func startVmsan(t *testing.T, iscsiYAML string) *vmsan {
 	t.Helper()
 	return startVmsanIn(t, testutil.DiskTempDir(t), "", iscsiYAML)
@@ -78,6 +80,9 @@ func startVmsanIn(t *testing.T, dir, volumesYAML, iscsiYAML string) *vmsan {
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	metrics := fmt.Sprintf("127.0.0.1:%d", metricsPort)
+	if !strings.Contains(iscsiYAML, "allow_any:") {
+		iscsiYAML = "    allow_any: true\n" + iscsiYAML
+	}
 	cfg := fmt.Sprintf(`data_dir: %s
 listen: ["127.0.0.1:%d"]
 metrics_listen: %s

@@ -194,6 +194,7 @@ volumes:
 iscsi:
     mode: per-volume
     node_name: %s
+    allow_any: true
     listen: [{addr: %q, tpgt: %d, relative_port: %d}]
     peer_portals: [{addr: %q, tpgt: %d, relative_port: %d}]
     targets: [{volume: disk, scsi_id: %s}]

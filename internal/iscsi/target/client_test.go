@@ -27,7 +27,7 @@ type testServer struct {
 func startServer(t *testing.T, mod func(*Config, *Target)) *testServer {
 	t.Helper()
 	lu := newRAMLU(8 << 20)
-	tg := Target{Name: testIQN, LUs: lu, Volumes: []string{"ram"}}
+	tg := Target{Name: testIQN, LUs: lu, Volumes: []string{"ram"}, AllowAny: true}
 	cfg := Config{}
 	if mod != nil {
 		mod(&cfg, &tg)

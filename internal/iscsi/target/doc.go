@@ -11,7 +11,7 @@
 // Simplest use:
 //
 //	srv := target.New(target.Config{Name: "iqn.2026-11.org.vmsan:node",
-//		Targets: func() []target.Target { return []target.Target{{Name: iqn, LUs: lus}} }})
+//		Targets: func() []target.Target { return []target.Target{{Name: iqn, LUs: lus, Initiators: acl}} }})
 //	go srv.Serve(ln, 1) // portal group tag 1
 //	go srv.ServePort(ln2, 2, 2) // group 2, relative target port 2 (explicit ids)
 //	...

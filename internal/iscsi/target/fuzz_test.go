@@ -128,7 +128,7 @@ func FuzzSessionDigests(f *testing.F) {
 func fuzzSession(t *testing.T, login []byte, stream []byte) {
 	lu := newRAMLU(1 << 20)
 	srv := New(Config{
-		Targets:       func() []Target { return []Target{{Name: testIQN, LUs: lu}} },
+		Targets:       func() []Target { return []Target{{Name: testIQN, LUs: lu, AllowAny: true}} },
 		NopInterval:   -1,
 		MaxTransfer:   1 << 20,
 		SessionBudget: 2 << 20,

@@ -22,13 +22,14 @@ type loginState struct {
 	declared bool // our MaxRecvDataSegmentLength was sent
 	sentTPGT bool
 
-	initiator string
-	discovery bool
-	target    Target
-	auth      *CHAP // required credentials, nil when no authentication
-	authDone  bool
-	chapStep  int // 0 nothing, 1 AuthMethod=CHAP agreed, 2 challenge sent, 3 done
-	challenge chap.Challenge
+	initiator  string
+	targetName string // as the initiator asked, for logs
+	discovery  bool
+	target     Target
+	auth       *CHAP // required credentials, nil when no authentication
+	authDone   bool
+	chapStep   int // 0 nothing, 1 AuthMethod=CHAP agreed, 2 challenge sent, 3 done
+	challenge  chap.Challenge
 }
 
 // loginError is a login failure with its status.
@@ -79,6 +80,7 @@ func (c *conn) login() *session {
 		req, ok := f.Header.(*pdu.LoginRequest)
 		if !ok {
 			c.s.loginFailures.Add(1)
+			c.s.countLoginFailure("protocol")
 			return nil
 		}
 		answers, transit, err := ls.step(req, f.Data)
@@ -89,7 +91,8 @@ func (c *conn) login() *session {
 			}
 			c.s.loginFailures.Add(1)
 			c.s.countLoginStatus(le.status)
-			c.s.cfg.Logger.Info("iscsi: login refused", "remote", c.log(), "initiator", ls.initiator, "status", le.status.String(), "why", le.msg)
+			c.s.cfg.Logger.Info("iscsi: login refused", "remote", c.log(), "portal", c.nc.LocalAddr().String(), "initiator", ls.initiator,
+				"target", ls.targetName, "status", le.status.String(), "reason", LoginFailureReason(le.status), "why", le.msg)
 			rsp := &pdu.LoginResponse{ISID: req.ISID, ITT: req.ITT, CSG: ls.stage, Status: le.status,
 				StatusSNs: pdu.StatusSNs{StatSN: ls.statSN, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN}}
 			c.writePDU(rsp, nil, false)
@@ -147,6 +150,7 @@ func (c *conn) login() *session {
 			c.statSN = ls.statSN
 			c.s.logins.Add(1)
 			ss.start()
+			ss.logLogin()
 			return ss
 		}
 		if transit {
@@ -270,19 +274,20 @@ func (ls *loginState) identify(req *pdu.LoginRequest, offers map[string]string) 
 		return fail(pdu.LoginSessionTypeNotSupported, "SessionType "+offers["SessionType"])
 	}
 	if ls.discovery {
-		ls.auth = c.s.cfg.DiscoveryAuth
+		ls.auth = c.s.discoveryAuth()
 		return nil
 	}
 	tn, ok := offers["TargetName"]
 	if !ok || tn == "" {
 		return fail(pdu.LoginMissingParameter, "no TargetName")
 	}
+	ls.targetName = tn
 	t, ok := c.s.lookup(tn)
 	if !ok {
 		return fail(pdu.LoginNotFound, "no target "+tn)
 	}
-	if !t.allows(name) {
-		return fail(pdu.LoginAuthorizationFailure, "initiator not in the target's ACL")
+	if why := t.refuses(name); why != "" {
+		return fail(pdu.LoginAuthorizationFailure, why)
 	}
 	if req.TSIH != 0 {
 		if old := c.s.findTSIH(req.TSIH); old == nil || old.nexus.InitiatorName != name || old.isid != req.ISID {
@@ -366,6 +371,7 @@ func (ls *loginState) newSession(req *pdu.LoginRequest) *session {
 	c.burstMax = int(min(max(p.MaxBurstLength, 512), pdu.MaxDataSegmentLength))
 	ss := newSession(c, ls.first.ISID, ls.discovery, ls.target, p, req.CmdSN)
 	ss.cid = ls.first.CID
+	ss.auth = ls.auth
 	ss.nexus = &scsi.Nexus{InitiatorName: ls.initiator, InitiatorPort: initiatorPort(ls.initiator, ls.first.ISID),
 		TargetName: ls.target.Name, RelativePort: c.rel, PortGroup: c.tpgt}
 	if ls.discovery {

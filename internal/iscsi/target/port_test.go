@@ -15,7 +15,7 @@ import (
 // depended on which Serve goroutine ran first).
 func TestServePortNexus(t *testing.T) {
 	lu := newRAMLU(1 << 20)
-	tg := Target{Name: testIQN, LUs: lu, Volumes: []string{"ram"}}
+	tg := Target{Name: testIQN, LUs: lu, Volumes: []string{"ram"}, AllowAny: true}
 	srv := New(Config{Targets: func() []Target { return []Target{tg} }})
 	var lns []net.Listener
 	for range 2 {

@@ -53,22 +53,34 @@ type Target struct {
 	// Initiators, when non-empty, is the ACL: only these InitiatorNames
 	// may log in to (or discover) the target.
 	Initiators []string
+	// AllowAny lets any initiator in when the target has neither an ACL
+	// nor CHAP. Without it such a target refuses every login (status
+	// 0202) and discovery lists it to no one: an open target must be
+	// asked for.
+	AllowAny bool
 	// Volumes are the volume names behind the target's LUNs, for the
 	// front end's client list.
 	Volumes []string
 }
 
-func (t *Target) allows(initiator string) bool {
+// refuses says why initiator may not log in to (or discover) the target,
+// or "" when it may (CHAP, when set, is checked later in the login).
+func (t *Target) refuses(initiator string) string {
 	if len(t.Initiators) == 0 {
-		return true
+		if t.Auth == nil && !t.AllowAny {
+			return "target has no ACL and no CHAP, and allow-any is off"
+		}
+		return ""
 	}
 	for _, n := range t.Initiators {
 		if n == initiator {
-			return true
+			return ""
 		}
 	}
-	return false
+	return "initiator not in the target's ACL"
 }
+
+func (t *Target) allows(initiator string) bool { return t.refuses(initiator) == "" }
 
 // Portal is an address SendTargets advertises.
 type Portal struct {
@@ -82,7 +94,7 @@ type Config struct {
 	// discovery, so volumes may come and go).
 	Targets func() []Target
 	// DiscoveryAuth, when non-nil, makes CHAP mandatory for discovery
-	// sessions.
+	// sessions (SetDiscoveryAuth changes it later).
 	DiscoveryAuth *CHAP
 	// Portals, when non-nil, overrides the advertised portals (default:
 	// every listener Serve was given, with its tag).
@@ -208,6 +220,8 @@ type Stats struct {
 	Reinstated    uint64            `json:"reinstated"`
 	NopTimeouts   uint64            `json:"nop_timeouts"`
 	LoginStatuses map[string]uint64 `json:"login_statuses,omitempty"`
+	// LoginFailureReasons counts failed logins by LoginFailureReason.
+	LoginFailureReasons map[string]uint64 `json:"login_failure_reasons,omitempty"`
 
 	// SessionsRefused counts logins refused for MaxSessions;
 	// BudgetRefused commands answered BUSY/TASK SET FULL because the
@@ -250,7 +264,9 @@ type Server struct {
 	sessionsRefused, budgetRefused                             atomic.Uint64
 	active                                                     atomic.Int64
 	statusMu                                                   sync.Mutex
-	loginStatuses                                              map[string]uint64
+	loginStatuses                                              map[string]uint64 // under statusMu
+	loginReasons                                               map[string]uint64 // under statusMu
+	discAuth                                                   atomic.Pointer[CHAP]
 	refusalLog                                                 volrt.RateLog
 }
 
@@ -265,8 +281,11 @@ func (s *Server) logRefusal(c *conn, err error) {
 // New returns a server; call Serve for each listener.
 func New(cfg Config) *Server {
 	cfg.setDefaults()
-	return &Server{cfg: cfg, lns: map[net.Listener]uint16{}, conns: map[*conn]struct{}{},
-		sessions: map[sessionKey]*session{}, byTSIH: map[uint16]*session{}, loginStatuses: map[string]uint64{}}
+	s := &Server{cfg: cfg, lns: map[net.Listener]uint16{}, conns: map[*conn]struct{}{},
+		sessions: map[sessionKey]*session{}, byTSIH: map[uint16]*session{}, loginStatuses: map[string]uint64{},
+		loginReasons: map[string]uint64{}}
+	s.discAuth.Store(cfg.DiscoveryAuth)
+	return s
 }
 
 // Serve accepts connections on ln, a portal of portal group tag tpgt,
@@ -400,10 +419,13 @@ func (s *Server) Stats() Stats {
 		CheckStatus: s.checks.Load(), Rejects: s.rejects.Load(), BytesRead: s.bytesRead.Load(),
 		BytesWritten: s.bytesWritten.Load(), Reinstated: s.reinstated.Load(), NopTimeouts: s.nopTimeouts.Load(),
 		SessionsRefused: s.sessionsRefused.Load(), BudgetRefused: s.budgetRefused.Load(),
-		LoginStatuses: map[string]uint64{}}
+		LoginStatuses: map[string]uint64{}, LoginFailureReasons: map[string]uint64{}}
 	s.statusMu.Lock()
 	for k, v := range s.loginStatuses {
 		st.LoginStatuses[k] = v
+	}
+	for k, v := range s.loginReasons {
+		st.LoginFailureReasons[k] = v
 	}
 	s.statusMu.Unlock()
 	return st
@@ -412,6 +434,7 @@ func (s *Server) Stats() Stats {
 func (s *Server) countLoginStatus(st pdu.LoginStatus) {
 	s.statusMu.Lock()
 	s.loginStatuses[st.String()]++
+	s.loginReasons[LoginFailureReason(st)]++
 	s.statusMu.Unlock()
 }
 

@@ -25,6 +25,9 @@ type session struct {
 	params    text.Params
 	nexus     *scsi.Nexus
 	cid       uint16
+	// auth is the CHAP credentials the login was checked against (nil:
+	// none), for DropRevoked.
+	auth *CHAP
 
 	// CmdSN window. INVARIANT: maxCmdSN - expCmdSN + 1 == QueueDepth -
 	// (commands received and not yet completed); expCmdSN advances in the
@@ -132,6 +135,20 @@ func (ss *session) start() {
 	}
 }
 
+// logLogin logs a successful login.
+func (ss *session) logLogin() {
+	auth := "None"
+	if ss.auth != nil {
+		auth = "CHAP"
+	}
+	typ := "normal"
+	if ss.discovery {
+		typ = "discovery"
+	}
+	ss.s.cfg.Logger.Info("iscsi: login", "session_type", typ, "initiator", ss.nexus.InitiatorName, "target", ss.nexus.TargetName,
+		"portal", ss.c.nc.LocalAddr().String(), "remote", ss.c.log(), "tsih", ss.tsih, "auth", auth)
+}
+
 // end aborts the session's tasks, waits for those executing, tells the
 // logical units the nexus is gone and unregisters the session.
 func (ss *session) end() {
@@ -147,6 +164,12 @@ func (ss *session) end() {
 	for _, id := range ss.volIDs {
 		ss.s.cfg.Sessions.Remove(id)
 	}
+	how := "connection closed"
+	if ss.loggingOut {
+		how = "logout"
+	}
+	ss.s.cfg.Logger.Info("iscsi: session ended", "how", how, "initiator", ss.nexus.InitiatorName, "target", ss.nexus.TargetName,
+		"portal", ss.c.nc.LocalAddr().String(), "remote", ss.c.log(), "tsih", ss.tsih)
 	if !ss.discovery && ss.target.LUs != nil {
 		ss.target.LUs.NexusLost(ss.nexus)
 	}

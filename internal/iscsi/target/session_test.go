@@ -493,7 +493,7 @@ func TestNopTimeout(t *testing.T) {
 func TestSendTargetsLong(t *testing.T) {
 	var many []Target
 	for k := 0; k < 100; k++ {
-		many = append(many, Target{Name: testIQN + ":volume-with-a-long-name-" + strconv.Itoa(k), LUs: newRAMLU(4096)})
+		many = append(many, Target{Name: testIQN + ":volume-with-a-long-name-" + strconv.Itoa(k), LUs: newRAMLU(4096), AllowAny: true})
 	}
 	srv := New(Config{Targets: func() []Target { return many }})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

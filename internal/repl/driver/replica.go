@@ -111,6 +111,14 @@ type Replica struct {
 
 	ln       net.Listener
 	wantDial atomic.Bool
+	// Who may connect (auth.go): the address filter, this side's part of
+	// the authenticated channel hello, a bound on handshakes in progress,
+	// and rate-limited logs of refused connections.
+	filter     *peerFilter
+	hsParams   HandshakeParams
+	hsSem      chan struct{}
+	refusedLog *logLimiter
+	remote     string // loop only: the current link's remote address
 	// primary/upToDate mirror the node for the client hot path.
 	primary  atomic.Bool
 	upToDate atomic.Bool
@@ -178,6 +186,19 @@ func Start(o Options) (*Replica, error) {
 		return nil, err
 	}
 	s = s.WithDefaults()
+	if err := s.AuthProblem(); err != nil {
+		// Settings written before the link was authenticated: say which
+		// key to set instead of running an open link.
+		return nil, fmt.Errorf("repl %s: %w", o.Name, err)
+	}
+	secret, err := s.Secret()
+	if err != nil {
+		return nil, fmt.Errorf("repl %s: %w", o.Name, err)
+	}
+	filter, err := newPeerFilter(s)
+	if err != nil {
+		return nil, fmt.Errorf("repl %s: %w", o.Name, err)
+	}
 	proto, _ := repl.ParseProtocol(s.Protocol)
 	sb, _ := repl.ParseSplitBrainPolicy(s.SplitBrain)
 	tk := s.Ticks()
@@ -236,6 +257,11 @@ func Start(o Options) (*Replica, error) {
 		done:    make(chan struct{}),
 		dialer:  s.Dial == "yes" || (s.Dial != "no" && s.Listen < s.Peer),
 		protoA:  proto == repl.ProtoA,
+
+		filter:     filter,
+		hsParams:   HandshakeParams{Name: o.Name, NodeID: s.NodeID, Secret: secret},
+		hsSem:      make(chan struct{}, maxHandshakes),
+		refusedLog: newLogLimiter(10 * time.Second),
 	}
 	r.rxCond = sync.NewCond(&r.rxMu)
 	r.comp.init()

@@ -182,7 +182,7 @@ func (r *Replica) addHalf(ev event) {
 	r.curSender = l.dataW
 	r.sendMu.Unlock()
 	r.remote = p.data.RemoteAddr().String()
-	r.log.Info("replication connected", "remote", r.remote, "peer", r.set.Peer)
+	r.log.Info("replication connected", "peer", r.set.Peer, "remote", r.remote)
 	r.node.Listen()
 	r.node.Connect()
 }

@@ -24,7 +24,7 @@
 //	    cache: none
 //	    rotational: true
 //	    engine: {workers: 8}
-//	    replication: {listen: 10.0.0.1:7789, peer: 10.0.0.2:7789, role: primary}
+//	    replication: {listen: 10.0.0.1:7789, peer: 10.0.0.2:7789, role: primary, shared_secret_file: /etc/vmsan/repl.secret}
 //
 // Sizes take units as described at volume.ParseSize (G = GiB).
 //

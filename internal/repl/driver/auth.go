@@ -273,7 +273,7 @@ func newPeerFilter(s replset.Settings) (*peerFilter, error) {
 		return nil, fmt.Errorf("peer %q: %w", s.Peer, err)
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		ip = ip.Unmap()
+		ip = ip.Unmap().WithZone("")
 		f.fixed = []netip.Prefix{netip.PrefixFrom(ip, ip.BitLen())}
 		return f, nil
 	}
@@ -290,7 +290,7 @@ func (f *peerFilter) refresh() {
 	if err == nil {
 		f.resolved = f.resolved[:0]
 		for _, ip := range ips {
-			f.resolved = append(f.resolved, ip.Unmap())
+			f.resolved = append(f.resolved, ip.Unmap().WithZone(""))
 		}
 	}
 }
@@ -302,7 +302,8 @@ func (f *peerFilter) allowed(remote net.Addr) bool {
 	if err != nil {
 		return false
 	}
-	ip := ap.Addr().Unmap()
+	// Zones are dropped: a zoned address never matches a prefix.
+	ip := ap.Addr().Unmap().WithZone("")
 	for _, p := range f.fixed {
 		if p.Contains(ip) {
 			return true

@@ -207,6 +207,12 @@ func Start(o Options) (*Replica, error) {
 		log = slog.Default()
 	}
 	log = log.With("volume", o.Name, "component", "repl")
+	if s.Insecure {
+		log.Warn("replication link is insecure (no shared secret): any process that reaches the listen port from the peer's address can take the link over",
+			"listen", s.Listen, "peer", s.Peer)
+	} else if fi, err := os.Stat(s.SharedSecretFile); s.SharedSecretFile != "" && err == nil && fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("the shared secret file is readable by other users: chmod 600 it", "file", s.SharedSecretFile, "mode", fi.Mode().Perm().String())
+	}
 	if err := os.MkdirAll(o.Dir, dirMode); err != nil {
 		return nil, err
 	}

@@ -548,3 +548,18 @@ func TestNoSecretRefusesToStart(t *testing.T) {
 		t.Errorf("configure without a secret: %v\n%s", err, out)
 	}
 }
+
+// The inline secret never appears in `serve --print-config`.
+func TestPrintConfigHidesSecret(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "vmsan.yaml")
+	y := fmt.Sprintf("data_dir: %s\nno_default_volume: true\nvolumes:\n  - name: vm1\n    size: 1M\n    replication: {listen: 127.0.0.1:7001, peer: 127.0.0.1:7002, shared_secret: %q}\n",
+		filepath.Join(dir, "data"), pairSecret)
+	if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(vmsanBin, "serve", "--config", cfg, "--print-config").CombinedOutput()
+	if err != nil || strings.Contains(string(out), pairSecret) || !strings.Contains(string(out), "shared_secret: (hidden)") {
+		t.Fatalf("print-config: %v\n%s", err, out)
+	}
+}

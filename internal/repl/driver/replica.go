@@ -15,6 +15,8 @@
 // Files: replica.go (Start, the loop, local I/O: the secondary submits
 // applies with ioengine.Request.More while more are queued, so its writes
 // are gathered by what is queued), link.go (the two TCP connections),
+// auth.go (who may connect: the peer's address, the shared-secret
+// challenge-response in the channel hello),
 // store.go (Settings on disk, meta.json, bitmap.bin, al.bin), migrate.go
 // (moving state from the old <data_dir>/repl/<volume>), plugin.go (the
 // daemon plugin, Configure, the delete and resize checks), observe.go and

@@ -154,6 +154,7 @@ $8
       peer: 127.0.0.1:$6
       role: $7
       protocol: C
+      shared_secret: scenario-002-shared-secret
 YAML
 }
 

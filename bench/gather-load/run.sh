@@ -25,8 +25,9 @@ $BIN volume create vol --size $SIZE --data-dir $A >/dev/null
 if [ $REPL = 1 ]; then
   RA=$(port); RB=$(port)
   $BIN volume create vol --size $SIZE --data-dir $B >/dev/null
-  $BIN repl configure vol --data-dir $A --listen 127.0.0.1:$RA --peer 127.0.0.1:$RB --dial yes --role primary --protocol C >/dev/null
-  $BIN repl configure vol --data-dir $B --listen 127.0.0.1:$RB --peer 127.0.0.1:$RA --dial no --role secondary --protocol C >/dev/null
+  echo gather-load-shared-secret > $T/repl.secret
+  $BIN repl configure vol --data-dir $A --listen 127.0.0.1:$RA --peer 127.0.0.1:$RB --dial yes --role primary --protocol C --shared-secret-file $T/repl.secret >/dev/null
+  $BIN repl configure vol --data-dir $B --listen 127.0.0.1:$RB --peer 127.0.0.1:$RA --dial no --role secondary --protocol C --shared-secret-file $T/repl.secret >/dev/null
 fi
 $BIN serve $CFGA --data-dir $A --listen 127.0.0.1:$NA --log-level error >/dev/null & PA=$!
 PB=

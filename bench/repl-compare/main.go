@@ -168,10 +168,15 @@ func setup(bin, dir, size, proto string) (string, error) {
 			return "", err
 		}
 		ra, rb := freeAddr(), freeAddr()
-		if err := run(bin, "repl", "configure", "vol", "--data-dir", a, "--listen", ra, "--peer", rb, "--dial", "yes", "--role", "primary", "--protocol", proto); err != nil {
+		// The link authenticates the peer with a shared secret.
+		secret := filepath.Join(dir, "repl.secret")
+		if err := os.WriteFile(secret, []byte("repl-compare-shared-secret\n"), 0o600); err != nil {
 			return "", err
 		}
-		if err := run(bin, "repl", "configure", "vol", "--data-dir", b, "--listen", rb, "--peer", ra, "--dial", "no", "--role", "secondary", "--protocol", proto); err != nil {
+		if err := run(bin, "repl", "configure", "vol", "--data-dir", a, "--listen", ra, "--peer", rb, "--dial", "yes", "--role", "primary", "--protocol", proto, "--shared-secret-file", secret); err != nil {
+			return "", err
+		}
+		if err := run(bin, "repl", "configure", "vol", "--data-dir", b, "--listen", rb, "--peer", ra, "--dial", "no", "--role", "secondary", "--protocol", proto, "--shared-secret-file", secret); err != nil {
 			return "", err
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,12 +22,19 @@ func init() {
 		Short: "Synchronous replication of volumes to a peer vmsan node (DRBD-style)",
 		Long: `Replicate a volume to another vmsan serve process.
 
-  vmsan repl configure vm1 --listen 10.0.0.1:7789 --peer 10.0.0.2:7789 --role primary
+  openssl rand -base64 32 > /etc/vmsan/repl.secret   (copy it to the peer; mode 0600)
+  vmsan repl configure vm1 --listen 10.0.0.1:7789 --peer 10.0.0.2:7789 --role primary \
+      --shared-secret-file /etc/vmsan/repl.secret
   (on the peer: the same with the addresses swapped and --role secondary)
   then start (or restart) vmsan serve on both nodes.
 
+Every replication connection authenticates the peer with the shared secret
+(HMAC challenge-response) and only the peer's address may connect;
+--insecure runs without a secret.
+
 Or declare it per volume in the file given to vmsan serve --config:
-  volumes: [{name: vm1, size: 20G, replication: {listen: ..., peer: ..., role: primary}}]
+  volumes: [{name: vm1, size: 20G, replication: {listen: ..., peer: ..., role: primary,
+             shared_secret_file: /etc/vmsan/repl.secret}}]
 
 See docs/replication.md for protocols, states and split brain.`,
 	}
@@ -41,7 +49,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	defTicks := def.Ticks()
 	var tickMs, pingInterval, pingTimeout, koTicks, alTicks int
 	configure := &cobra.Command{
-		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT [--role primary|secondary] [--protocol A|B|C]",
+		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT --shared-secret-file FILE [--role primary|secondary] [--protocol A|B|C]",
 		Short: "Write a volume's replication settings (read by vmsan serve at start)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -66,12 +74,25 @@ See docs/replication.md for protocols, states and split brain.`,
 			inTicks := func(n int) replset.Duration { return replset.Duration(time.Duration(n) * tick) }
 			s.Tick = replset.Duration(tick)
 			s.PingInterval, s.PingTimeout, s.KoTimeout, s.ALRetire = inTicks(pingInterval), inTicks(pingTimeout), inTicks(koTicks), inTicks(alTicks)
+			if s.SharedSecretFile != "" {
+				// Stored as given to the daemon, which may run elsewhere
+				// than this shell's working directory.
+				abs, err := filepath.Abs(s.SharedSecretFile)
+				if err != nil {
+					return err
+				}
+				s.SharedSecretFile = abs
+			}
 			out, err := driver.Configure(dataDir, args[0], s)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("replication of %s: listen %s, peer %s, protocol %s, node id %x (restart vmsan serve to apply)\n",
-				args[0], out.Listen, out.Peer, orDefault(out.Protocol, "C"), out.NodeID)
+			auth := "shared secret from " + out.SharedSecretFile
+			if out.Insecure {
+				auth = "INSECURE (no peer authentication)"
+			}
+			fmt.Printf("replication of %s: listen %s, peer %s, protocol %s, %s, node id %x (restart vmsan serve to apply)\n",
+				args[0], out.Listen, out.Peer, orDefault(out.Protocol, "C"), auth, out.NodeID)
 			return nil
 		},
 	}
@@ -90,6 +111,9 @@ See docs/replication.md for protocols, states and split brain.`,
 	f.StringVar(&rate, "resync-rate", "", "resync bandwidth per second (e.g. 100M; empty: unlimited)")
 	f.StringVar(&minRate, "resync-min-rate", "", "with --resync-rate: dynamic control, resync gets the rate minus application writes but at least this")
 	f.BoolVar(&s.Checksum, "checksum-resync", false, "send hashes first and data only where they differ")
+	f.StringVar(&s.SharedSecretFile, "shared-secret-file", "", "file whose first line is the secret both nodes prove on every replication connection (at least 16 bytes; the same on the peer)")
+	f.BoolVar(&s.Insecure, "insecure", false, "run the link without a shared secret: any process reaching the port from an accepted address can take it over")
+	f.StringSliceVar(&s.AcceptFrom, "accept-from", nil, "addresses or CIDR prefixes the peer connects from (default: the --peer host's addresses); set behind a proxy or NAT")
 
 	var force bool
 	op := func(use, short, path string) *cobra.Command {

@@ -24,7 +24,7 @@
 //	    cache: none
 //	    rotational: true
 //	    engine: {workers: 8}
-//	    replication: {listen: 10.0.0.1:7789, peer: 10.0.0.2:7789, role: primary}
+//	    replication: {listen: 10.0.0.1:7789, peer: 10.0.0.2:7789, role: primary, shared_secret_file: /etc/vmsan/repl.secret}
 //
 // Sizes take units as described at volume.ParseSize (G = GiB).
 //
@@ -170,6 +170,10 @@ type Volume struct {
 //	  ko_timeout: 10s               # a replicated write unacknowledged this long drops the peer
 //	  resync_rate: 100M             # bytes per second (0: unlimited)
 //	  split_brain_policy: disconnect
+//	  shared_secret_file: /etc/vmsan/repl.secret  # required: the same secret on both nodes
+//	  # shared_secret: "..."        # or inline (at least 16 bytes); never printed
+//	  # insecure: true              # instead of a secret: accept unauthenticated peers
+//	  # accept_from: [10.0.0.0/24]  # addresses the peer connects from (default: the peer's host)
 type Replication struct {
 	Listen   string `yaml:"listen"`
 	Peer     string `yaml:"peer"`
@@ -185,6 +189,23 @@ type Replication struct {
 	ResyncMinRate Size     `yaml:"resync_min_rate,omitempty"`
 	SplitBrain    string   `yaml:"split_brain_policy,omitempty"`
 	Checksum      bool     `yaml:"checksum_resync,omitempty"`
+	// SharedSecret or SharedSecretFile (relative to the config file)
+	// authenticates the peer on every replication connection; one is
+	// required unless Insecure (replset.Settings.AuthProblem).
+	SharedSecret     string   `yaml:"shared_secret,omitempty"`
+	SharedSecretFile string   `yaml:"shared_secret_file,omitempty"`
+	Insecure         bool     `yaml:"insecure,omitempty"`
+	AcceptFrom       []string `yaml:"accept_from,omitempty"`
+}
+
+// MarshalYAML hides the inline secret (`serve --print-config`).
+func (r Replication) MarshalYAML() (any, error) {
+	type plain Replication
+	p := plain(r)
+	if p.SharedSecret != "" {
+		p.SharedSecret = "(hidden)"
+	}
+	return p, nil
 }
 
 // Settings converts the section to the replication settings type (the
@@ -200,6 +221,9 @@ func (r Replication) Settings() replset.Settings {
 		ResyncRate:    int64(r.ResyncRate),
 		ResyncMinRate: int64(r.ResyncMinRate),
 		Checksum:      r.Checksum,
+
+		SharedSecret: r.SharedSecret, SharedSecretFile: r.SharedSecretFile,
+		Insecure: r.Insecure, AcceptFrom: r.AcceptFrom,
 	}
 }
 
@@ -209,6 +233,9 @@ func (r Replication) validate(where string) []string {
 	var errs []string
 	for _, p := range r.Settings().Problems() {
 		errs = append(errs, where+"."+p)
+	}
+	if err := r.Settings().AuthProblem(); err != nil {
+		errs = append(errs, where+".shared_secret_file: "+err.Error())
 	}
 	return errs
 }
@@ -307,6 +334,11 @@ func Load(path string) (Config, error) {
 	}
 	cfg.TLS.Cert, cfg.TLS.Key, cfg.TLS.CA = rel(cfg.TLS.Cert), rel(cfg.TLS.Key), rel(cfg.TLS.CA)
 	cfg.ISCSI.resolvePaths(rel)
+	for _, v := range cfg.Volumes {
+		if v.Replication != nil && v.Replication.SharedSecretFile != "" {
+			v.Replication.SharedSecretFile = rel(v.Replication.SharedSecretFile)
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", path, err)
 	}

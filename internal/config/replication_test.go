@@ -23,9 +23,11 @@ volumes:
       resync_min_rate: 10M
       split_brain_policy: discard-younger-primary
       checksum_resync: true
+      shared_secret: "sixteen+bytes-secret"
+      accept_from: [10.0.0.2, 10.1.0.0/16]
   - name: vm2
     size: 1G
-    replication: {listen: "[::1]:7790", peer: "[::1]:7791"}
+    replication: {listen: "[::1]:7790", peer: "[::1]:7791", insecure: true}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +47,13 @@ volumes:
 	}
 	if s := c.Volumes[0].Replication.Settings(); s.Protocol != "A" || time.Duration(s.PingTimeout) != 3*time.Second || s.ResyncMinRate != 10<<20 {
 		t.Fatalf("converted %+v", s)
+	}
+	if s := c.Volumes[0].Replication.Settings(); s.SharedSecret != "sixteen+bytes-secret" || len(s.AcceptFrom) != 2 || !c.Volumes[1].Replication.Settings().Insecure {
+		t.Fatalf("authentication settings %+v", s)
+	}
+	// The inline secret is never printed (serve --print-config).
+	if b, err := c.Marshal(); err != nil || strings.Contains(string(b), "sixteen+bytes-secret") || !strings.Contains(string(b), "shared_secret: (hidden)") {
+		t.Fatalf("print-config shows the secret or drops the key: %v\n%s", err, b)
 	}
 	if c.Volumes[1].Replication.Protocol != "" {
 		t.Fatal("defaults must not be written back into the parsed config")
@@ -69,10 +78,17 @@ func TestReplicationValidate(t *testing.T) {
 		{`{listen: a:1, peer: b:2, ko_timeout: 2h}`, "ko_timeout 2h0m0s"},
 		{`{listen: a:1, peer: b:2, resync_min_rate: 10M}`, "resync_min_rate"},
 		{`{listen: a:1, peer: b:2, resync_rate: 10M, resync_min_rate: 20M}`, "resync_min_rate"},
+		// Peer authentication: a secret (or insecure) is required, with
+		// the key to set in the message; a short secret never appears in it.
+		{`{listen: a:1, peer: b:2}`, "replication.shared_secret_file: no shared secret configured"},
+		{`{listen: a:1, peer: b:2, shared_secret: short-secret}`, "shared_secret: 12 bytes, want 16 to 1024"},
+		{`{listen: a:1, peer: b:2, shared_secret: sixteen+bytes-secret, shared_secret_file: /x}`, "set at most one of shared_secret and shared_secret_file"},
+		{`{listen: a:1, peer: b:2, shared_secret: sixteen+bytes-secret, insecure: true}`, "insecure: set together with a shared secret"},
+		{`{listen: a:1, peer: b:2, insecure: true, accept_from: [10.0.0.300]}`, `accept_from "10.0.0.300": want an IP address or a CIDR prefix`},
 	}
 	for _, c := range cases {
 		_, err := Parse([]byte("volumes:\n  - name: vm1\n    size: 1G\n    replication: " + c.repl + "\n"))
-		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "(vm1)") {
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "(vm1)") || strings.Contains(err.Error(), "short-secret") {
 			t.Errorf("%s: got %v, want an error with %q", c.repl, err, c.want)
 		}
 	}
@@ -83,8 +99,8 @@ func TestReplicationValidate(t *testing.T) {
 	// Two volumes cannot listen on one address.
 	_, err := Parse([]byte(`
 volumes:
-  - {name: a, size: 1G, replication: {listen: "h:1", peer: "p:1"}}
-  - {name: b, size: 1G, replication: {listen: "h:1", peer: "p:2"}}
+  - {name: a, size: 1G, replication: {listen: "h:1", peer: "p:1", insecure: true}}
+  - {name: b, size: 1G, replication: {listen: "h:1", peer: "p:2", insecure: true}}
 `))
 	if err == nil || !strings.Contains(err.Error(), "also used by volume a") {
 		t.Errorf("shared listen address: %v", err)

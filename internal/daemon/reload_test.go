@@ -271,7 +271,7 @@ func TestReloadInProcess(t *testing.T) {
 	cfg.DataDir = dir
 	cfg.Listen = []string{"127.0.0.1:0"}
 	cfg.NoDefaultVolume = true
-	rep := &config.Replication{Listen: "127.0.0.1:25990", Peer: "127.0.0.1:25991"}
+	rep := &config.Replication{Listen: "127.0.0.1:25990", Peer: "127.0.0.1:25991", SharedSecret: "reload-test-shared-secret"}
 	cfg.Volumes = []config.Volume{{Name: "a", Size: 8 << 20}, {Name: "r", Size: 8 << 20, Replication: rep}}
 	d, err := New(cfg, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {

@@ -24,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -149,6 +151,69 @@ type Settings struct {
 	ResyncMinRate int64 `json:"resync_min_rate,omitempty"`
 	// Checksum: resync sends hashes first and data only where they differ.
 	Checksum bool `json:"checksum_resync,omitempty"`
+
+	// SharedSecret authenticates the peer: on every replication
+	// connection both nodes prove they hold it (HMAC-SHA256 over fresh
+	// nonces of both sides) before any replication message is sent or
+	// accepted. SharedSecretFile names a file holding it instead (its
+	// first line, trimmed; read at each start). Both nodes need the same
+	// secret; one of the two is required unless Insecure (AuthProblem).
+	SharedSecret     string `json:"shared_secret,omitempty"`
+	SharedSecretFile string `json:"shared_secret_file,omitempty"`
+	// Insecure runs the link without a secret: any process that reaches
+	// the port from an accepted address can take the link over.
+	Insecure bool `json:"insecure,omitempty"`
+	// AcceptFrom lists the addresses (IPs or CIDR prefixes) replication
+	// connections are accepted from; empty means the peer host's own
+	// addresses. Others are closed before anything is read. Set it when
+	// the peer's connections arrive from another address (a proxy, NAT).
+	AcceptFrom []string `json:"accept_from,omitempty"`
+}
+
+// Shared secret length bounds, in bytes: HMAC keys shorter than 16 bytes
+// are guessable offline from one observed handshake.
+const (
+	MinSecretLen = 16
+	MaxSecretLen = 1024
+)
+
+// ErrNoSecret: a replicated volume has neither a shared secret nor
+// Insecure set (AuthProblem).
+var ErrNoSecret = errors.New("no shared secret configured: the peer could not be authenticated")
+
+// AuthProblem is nil when the link can authenticate its peer (a secret
+// is set) or is explicitly Insecure, else an error wrapping ErrNoSecret
+// naming what to set. It is apart from Problems so that settings stored
+// before secrets existed still load (delete and resize checks read them);
+// starting replication and configuring it require it.
+func (s Settings) AuthProblem() error {
+	if s.Insecure || s.SharedSecret != "" || s.SharedSecretFile != "" {
+		return nil
+	}
+	return fmt.Errorf("%w: set shared_secret_file (vmsan repl configure --shared-secret-file FILE, or replication.shared_secret_file "+
+		"in the config file) to a file holding the same secret on both nodes (e.g. `openssl rand -base64 32`), "+
+		"or insecure: true (--insecure) to accept unauthenticated peers", ErrNoSecret)
+}
+
+// Secret returns the shared secret (read from SharedSecretFile when set),
+// nil when Insecure. REQUIRES: AuthProblem() == nil.
+func (s Settings) Secret() ([]byte, error) {
+	v := s.SharedSecret
+	if s.SharedSecretFile != "" {
+		b, err := os.ReadFile(s.SharedSecretFile)
+		if err != nil {
+			return nil, fmt.Errorf("shared_secret_file: %w", err)
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		v = strings.TrimSpace(line)
+		if len(v) < MinSecretLen || len(v) > MaxSecretLen {
+			return nil, fmt.Errorf("shared_secret_file %s: the secret (first line) has %d bytes, want %d to %d", s.SharedSecretFile, len(v), MinSecretLen, MaxSecretLen)
+		}
+	}
+	if v == "" {
+		return nil, nil
+	}
+	return []byte(v), nil
 }
 
 // Defaults are the settings every zero field takes (DRBD's are similar:
@@ -247,6 +312,21 @@ func (s Settings) Problems() []string {
 	if s.ResyncMinRate > 0 && (s.ResyncRate == 0 || s.ResyncMinRate > s.ResyncRate) {
 		add("resync_min_rate %d: needs resync_rate set and at least as large", s.ResyncMinRate)
 	}
+	if s.SharedSecret != "" && s.SharedSecretFile != "" {
+		add("shared_secret: set at most one of shared_secret and shared_secret_file")
+	}
+	if n := len(s.SharedSecret); n > 0 && (n < MinSecretLen || n > MaxSecretLen) {
+		// The value itself is never part of a message.
+		add("shared_secret: %d bytes, want %d to %d", n, MinSecretLen, MaxSecretLen)
+	}
+	if s.Insecure && (s.SharedSecret != "" || s.SharedSecretFile != "") {
+		add("insecure: set together with a shared secret: remove one")
+	}
+	for _, a := range s.AcceptFrom {
+		if _, err := ParseAcceptFrom(a); err != nil {
+			add("accept_from %q: %v", a, err)
+		}
+	}
 	return errs
 }
 
@@ -272,6 +352,24 @@ func validateHostPort(a string) error {
 		return fmt.Errorf("port %q: want 1..65535", port)
 	}
 	return nil
+}
+
+// ParseAcceptFrom parses one AcceptFrom entry: an IP address or a CIDR
+// prefix (an address is its own /32 or /128).
+func ParseAcceptFrom(a string) (netip.Prefix, error) {
+	if strings.Contains(a, "/") {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			return p, errors.New("want an IP address or a CIDR prefix (10.0.0.0/24)")
+		}
+		return p.Masked(), nil
+	}
+	ip, err := netip.ParseAddr(a)
+	if err != nil {
+		return netip.Prefix{}, errors.New("want an IP address or a CIDR prefix (10.0.0.0/24)")
+	}
+	ip = ip.Unmap()
+	return netip.PrefixFrom(ip, ip.BitLen()), nil
 }
 
 // Ticks are the settings in the state machine's units (repl.Config).

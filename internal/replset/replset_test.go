@@ -2,6 +2,9 @@ package replset
 
 import (
 	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +103,39 @@ func TestDurationJSON(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(`{"ping_timeout": "soon"}`), &s); err == nil {
 		t.Fatal("bad duration accepted")
+	}
+}
+
+// A secret is required unless insecure; it may come from a file (first
+// line, trimmed) and is never part of a message.
+func TestAuthSettings(t *testing.T) {
+	base := Settings{Listen: "a:1", Peer: "b:2"}
+	if err := base.AuthProblem(); !errors.Is(err, ErrNoSecret) || !strings.Contains(err.Error(), "shared_secret_file") || !strings.Contains(err.Error(), "insecure") {
+		t.Fatalf("no secret: %v", err)
+	}
+	s := base
+	s.Insecure = true
+	if err := s.AuthProblem(); err != nil {
+		t.Fatalf("insecure: %v", err)
+	}
+	if sec, err := s.Secret(); err != nil || sec != nil {
+		t.Fatalf("insecure secret: %q %v", sec, err)
+	}
+	f := filepath.Join(t.TempDir(), "s")
+	os.WriteFile(f, []byte("  a-secret-from-a-file \nsecond line\n"), 0o600)
+	s = base
+	s.SharedSecretFile = f
+	if sec, err := s.Secret(); err != nil || string(sec) != "a-secret-from-a-file" || s.AuthProblem() != nil {
+		t.Fatalf("from file: %q %v", sec, err)
+	}
+	os.WriteFile(f, []byte("short-one\n"), 0o600)
+	if _, err := s.Secret(); err == nil || strings.Contains(err.Error(), "short-one") {
+		t.Fatalf("short secret in a file: %v", err)
+	}
+	s = base
+	s.SharedSecret, s.AcceptFrom = "inline-secret-16b", []string{"10.0.0.1", "10.0.0.0/8", "::1", "nope"}
+	p := strings.Join(s.Problems(), "\n")
+	if !strings.Contains(p, `accept_from "nope"`) || strings.Count(p, "accept_from") != 1 {
+		t.Fatalf("accept_from problems: %s", p)
 	}
 }

@@ -191,6 +191,7 @@ volumes:
       protocol: C
       ping_interval: 100ms
       ping_timeout: 1s
+      shared_secret: "test-pair-shared-secret-0123"
 iscsi:
     mode: per-volume
     node_name: %s

@@ -51,6 +51,7 @@ func TestConfigFileReplication(t *testing.T) {
       ko_timeout: 20s
       resync_rate: 500M
       split_brain_policy: discard-zero-changes
+      shared_secret: ` + pairSecret + `
 `
 	writeConfig(t, a, fmt.Sprintf("      listen: %s\n      peer: %s\n      role: primary\n      dial: \"yes\"\n%s", a.replAddr, b.replAddr, common))
 	writeConfig(t, b, fmt.Sprintf("      listen: %s\n      peer: %s\n      role: secondary\n      dial: \"no\"\n%s", b.replAddr, a.replAddr, common))

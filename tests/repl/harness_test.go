@@ -246,7 +246,8 @@ func newPair(t *testing.T, o pairOpts) *pairT {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.px.Close() })
-	common := []string{"--tick-ms", "20", "--ping-interval", "5", "--ping-timeout", "25", "--ko-ticks", "500", "--al-retire-ticks", "25"}
+	common := []string{"--tick-ms", "20", "--ping-interval", "5", "--ping-timeout", "25", "--ko-ticks", "500", "--al-retire-ticks", "25",
+		"--shared-secret-file", secretFile(t, base, pairSecret)}
 	if o.protocol != "" {
 		common = append(common, "--protocol", o.protocol)
 	}
@@ -274,6 +275,25 @@ func newPair(t *testing.T, o pairOpts) *pairT {
 	})
 	p.waitSynced(t, 30*time.Second)
 	return p
+}
+
+// pairSecret is the shared secret of the test pairs.
+const pairSecret = "tests-repl-shared-secret-0123456789"
+
+// secretFile writes secret to a file in dir (mode 0600) and returns its
+// path, for --shared-secret-file or shared_secret_file.
+func secretFile(t *testing.T, dir, secret string) string {
+	t.Helper()
+	os.MkdirAll(dir, 0o700)
+	f, err := os.CreateTemp(dir, "repl-*.secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(secret + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
 }
 
 func tail(s string, n int) string {

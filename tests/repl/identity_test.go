@@ -128,7 +128,7 @@ func TestReplConfigureValidatesVolume(t *testing.T) {
 	n := &node{t: t, name: "a", dir: dir}
 	n.run("volume", "create", volName, "--size", "1M")
 	for _, v := range []string{"../../x", "nope"} {
-		out, err := exec.Command(vmsanBin, "repl", "configure", v, "--listen", "127.0.0.1:1", "--peer", "127.0.0.1:2", "--data-dir", dir).CombinedOutput()
+		out, err := exec.Command(vmsanBin, "repl", "configure", v, "--listen", "127.0.0.1:1", "--peer", "127.0.0.1:2", "--insecure", "--data-dir", dir).CombinedOutput()
 		if err == nil {
 			t.Errorf("configure %q succeeded: %s", v, out)
 		}
@@ -140,5 +140,5 @@ func TestReplConfigureValidatesVolume(t *testing.T) {
 		}
 		return nil
 	})
-	n.run("repl", "configure", volName, "--listen", "127.0.0.1:1", "--peer", "127.0.0.1:2")
+	n.run("repl", "configure", volName, "--listen", "127.0.0.1:1", "--peer", "127.0.0.1:2", "--insecure")
 }

@@ -263,7 +263,7 @@ func newSoak(t *testing.T, seed uint64) *soak {
 	})
 	common := []string{"--tick-ms", strconv.Itoa(soakTickMs), "--ping-interval", strconv.Itoa(soakPingTicks),
 		"--ping-timeout", strconv.Itoa(soakTimeoutTks), "--ko-ticks", strconv.Itoa(soakTimeoutTks),
-		"--al-retire-ticks", "10", "--protocol", "C"}
+		"--al-retire-ticks", "10", "--protocol", "C", "--shared-secret-file", secretFile(t, t.TempDir(), pairSecret)}
 	for _, n := range []*node{a, b} {
 		os.MkdirAll(n.dir, 0o755)
 		n.run("volume", "create", volName, "--size", strconv.Itoa(soakVolSize))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +31,7 @@ func TestDecodeSettingsLegacy(t *testing.T) {
 	}
 	want := Settings{Listen: "10.0.0.1:7789", Peer: "10.0.0.2:7789", Protocol: "B", Role: "primary", NodeID: 7,
 		Tick: msD(20), PingInterval: msD(100), PingTimeout: msD(500), KoTimeout: msD(10000), ALRetire: msD(500), ResyncRate: 1 << 20}
-	if s != want {
+	if !reflect.DeepEqual(s, want) {
 		t.Fatalf("got  %+v\nwant %+v", s, want)
 	}
 	if tk := s.Ticks(); tk.Tick != 20*time.Millisecond || tk.PingInterval != 5 || tk.PingTimeout != 25 || tk.KoTicks != 500 || tk.ALRetireTicks != 25 || tk.ResyncRate != 20971 {
@@ -50,7 +51,7 @@ func TestDecodeSettingsLegacy(t *testing.T) {
 	if !strings.Contains(string(b), `"ping_timeout": "500ms"`) {
 		t.Fatalf("config.json: %s", b)
 	}
-	if got, err := LoadSettings(dir); err != nil || got != want {
+	if got, err := LoadSettings(dir); err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("round trip: %+v %v", got, err)
 	}
 }
@@ -70,7 +71,7 @@ func TestConfigureValidatesVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	set := Settings{Listen: "127.0.0.1:1", Peer: "127.0.0.1:2"}
+	set := Settings{Listen: "127.0.0.1:1", Peer: "127.0.0.1:2", SharedSecret: testSecret}
 	for _, bad := range []string{"../../x", "../x", "a/b", "/abs", ".hidden", "", "vm1/../../y"} {
 		if _, err := Configure(dataDir, bad, set); !errors.Is(err, volume.ErrInvalidName) {
 			t.Errorf("configure %q: %v, want ErrInvalidName", bad, err)
@@ -86,6 +87,19 @@ func TestConfigureValidatesVolume(t *testing.T) {
 		}
 		return nil
 	})
+	// Without a secret (and not insecure) configuring is refused, naming
+	// the key to set; the secret file must be readable and long enough.
+	if _, err := Configure(dataDir, "vm1", Settings{Listen: "127.0.0.1:1", Peer: "127.0.0.1:2"}); !errors.Is(err, replset.ErrNoSecret) ||
+		!strings.Contains(err.Error(), "shared_secret_file") || !strings.Contains(err.Error(), "--shared-secret-file") {
+		t.Errorf("configure without a secret: %v", err)
+	}
+	short := filepath.Join(base, "short.secret")
+	os.WriteFile(short, []byte("tooshort\n"), 0o600)
+	for _, f := range []string{short, filepath.Join(base, "missing.secret")} {
+		if _, err := Configure(dataDir, "vm1", Settings{Listen: "127.0.0.1:1", Peer: "127.0.0.1:2", SharedSecretFile: f}); err == nil {
+			t.Errorf("configure with secret file %s accepted", f)
+		}
+	}
 	out, err := Configure(dataDir, "vm1", set)
 	if err != nil || out.NodeID == 0 {
 		t.Fatalf("configure vm1: %+v %v", out, err)

@@ -66,8 +66,15 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
+// testSecret is the shared secret of the tests' pairs (newNode gives it
+// to settings that name none).
+const testSecret = "driver-test-shared-secret"
+
 func newNode(t testing.TB, dir string, size int64, set Settings, wrap func(backend.Backend) backend.Backend) *node {
 	t.Helper()
+	if set.SharedSecret == "" && set.SharedSecretFile == "" && !set.Insecure {
+		set.SharedSecret = testSecret
+	}
 	n := &node{t: t, dir: dir, path: filepath.Join(dir, "vol.raw"), set: set, wrapBE: wrap}
 	if _, err := os.Stat(n.path); err != nil {
 		if err := backend.CreateFile(n.path, size); err != nil {

@@ -2,7 +2,6 @@ package driver
 
 import (
 	"bufio"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,55 +11,6 @@ import (
 
 	"github.com/vmsan/vmsan/internal/repl"
 )
-
-// Channel hello, sent first on each TCP connection by the dialer:
-//
-//	magic u32 "VMRC" | version u8 | channel u8 (0 data, 1 control) |
-//	epoch u64 | name length u16 | name
-//
-// The acceptor pairs the data and control connections of one attempt by
-// epoch, and checks the volume name so a misconfigured peer is refused.
-const (
-	chanMagic   = 0x564d5243
-	chanVersion = 1
-	chData      = 0
-	chControl   = 1
-	maxNameLen  = 255
-)
-
-func writeChanHello(c net.Conn, ch byte, epoch uint64, name string) error {
-	b := make([]byte, 0, 16+len(name))
-	b = binary.BigEndian.AppendUint32(b, chanMagic)
-	b = append(b, chanVersion, ch)
-	b = binary.BigEndian.AppendUint64(b, epoch)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(name)))
-	b = append(b, name...)
-	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.Write(b)
-	c.SetWriteDeadline(time.Time{})
-	return err
-}
-
-func readChanHello(c net.Conn) (ch byte, epoch uint64, name string, err error) {
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	defer c.SetReadDeadline(time.Time{})
-	var h [16]byte
-	if _, err = io.ReadFull(c, h[:]); err != nil {
-		return
-	}
-	if binary.BigEndian.Uint32(h[0:]) != chanMagic || h[4] != chanVersion || h[5] > chControl {
-		return 0, 0, "", errors.New("repl: bad channel hello")
-	}
-	n := binary.BigEndian.Uint16(h[14:])
-	if n > maxNameLen {
-		return 0, 0, "", errors.New("repl: volume name too long")
-	}
-	nb := make([]byte, n)
-	if _, err = io.ReadFull(c, nb); err != nil {
-		return
-	}
-	return h[5], binary.BigEndian.Uint64(h[6:]), string(nb), nil
-}
 
 type pendingPair struct {
 	data, ctl net.Conn
@@ -74,22 +24,45 @@ func (r *Replica) acceptLoop() {
 		if err != nil {
 			return
 		}
-		go func() {
-			ch, epoch, name, err := readChanHello(c)
-			if err != nil || name != r.name {
-				if err == nil {
-					err = fmt.Errorf("peer connected for volume %q", name)
-				}
-				r.log.Warn("refusing replication connection", "remote", c.RemoteAddr(), "err", err)
-				c.Close()
-				return
-			}
-			select {
-			case r.events <- event{kind: evConn, ch: ch, epoch: epoch, conn: c}:
-			case <-r.stop:
-				c.Close()
-			}
-		}()
+		go r.admit(c)
+	}
+}
+
+// admit takes one accepted connection through the address check and the
+// authenticated channel hello (auth.go) and hands it to the loop. Nothing
+// is read from a connection whose remote address is not the peer's, and
+// nothing reaches the loop (so nothing can replace the current link or
+// touch the node's state) before the remote proved the shared secret.
+func (r *Replica) admit(c net.Conn) {
+	if !r.filter.allowed(c.RemoteAddr()) {
+		r.refusedLog.warn(r.log, "addr", "refusing replication connection: not from the configured peer's address (set accept_from if the peer connects from another address)",
+			"remote", c.RemoteAddr().String(), "peer", r.set.Peer)
+		c.Close()
+		return
+	}
+	select {
+	case r.hsSem <- struct{}{}:
+		defer func() { <-r.hsSem }()
+	default:
+		r.refusedLog.warn(r.log, "busy", "refusing replication connection: too many handshakes in progress", "remote", c.RemoteAddr().String())
+		c.Close()
+		return
+	}
+	ch, epoch, err := acceptHandshake(c, r.hsParams)
+	if err != nil {
+		msg, key := "refusing replication connection", "hello"
+		var hr *helloRefused
+		if errors.As(err, &hr) && hr.auth {
+			msg, key = "refusing replication connection: the remote did not authenticate as the peer", "auth"
+		}
+		r.refusedLog.warn(r.log, key, msg, "remote", c.RemoteAddr().String(), "err", err)
+		c.Close()
+		return
+	}
+	select {
+	case r.events <- event{kind: evConn, ch: ch, epoch: epoch, conn: c}:
+	case <-r.stop:
+		c.Close()
 	}
 }
 
@@ -118,7 +91,14 @@ func (r *Replica) dialLoop() {
 			data.Close()
 			continue
 		}
-		if writeChanHello(data, chData, attempt, r.name) != nil || writeChanHello(ctl, chControl, attempt, r.name) != nil {
+		err = DialHandshake(data, chData, attempt, r.hsParams)
+		if err == nil {
+			err = DialHandshake(ctl, chControl, attempt, r.hsParams)
+		}
+		if err != nil {
+			// Nothing but the handshake was exchanged: the remote gets
+			// no replication frame unless it proved the secret.
+			r.refusedLog.warn(r.log, "dial", "replication handshake with the peer failed", "remote", data.RemoteAddr().String(), "err", err)
 			data.Close()
 			ctl.Close()
 			continue
@@ -143,6 +123,9 @@ func (r *Replica) dialLoop() {
 // addHalf pairs connections. REQUIRES: loop goroutine. A complete pair replaces any
 // current link: the peer would not dial or accept anew if it still
 // believed in the old one (e.g. it restarted).
+// INVARIANT: every half here passed the peer's address check and proved
+// the shared secret (admit, dialLoop), so only the authenticated peer can
+// replace the link.
 func (r *Replica) addHalf(ev event) {
 	for ep, p := range r.pending {
 		if time.Since(p.at) > 10*time.Second {
@@ -198,7 +181,8 @@ func (r *Replica) addHalf(ev event) {
 	r.sendMu.Lock()
 	r.curSender = l.dataW
 	r.sendMu.Unlock()
-	r.log.Info("replication connected", "peer", p.data.RemoteAddr())
+	r.remote = p.data.RemoteAddr().String()
+	r.log.Info("replication connected", "peer", r.set.Peer, "remote", r.remote)
 	r.node.Listen()
 	r.node.Connect()
 }

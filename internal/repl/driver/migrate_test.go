@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -34,7 +35,7 @@ func migDataDir(t *testing.T) (dataDir string, set Settings, m repl.Meta, words 
 		t.Fatal(err)
 	}
 	s.Close()
-	set = Settings{Listen: freeAddr(t), Peer: freeAddr(t), Dial: "no", NodeID: 77, Tick: msD(20)}
+	set = Settings{Listen: freeAddr(t), Peer: freeAddr(t), Dial: "no", NodeID: 77, Tick: msD(20), SharedSecret: testSecret}
 	old := legacyDir(dataDir, "vm1")
 	if err := SaveSettings(old, set); err != nil {
 		t.Fatal(err)
@@ -72,7 +73,7 @@ func TestMigrateOldLayout(t *testing.T) {
 		t.Fatalf("Dir %s is not in the state directory %s", Dir(dataDir, "vm1"), sd)
 	}
 	got, err := LoadSettings(Dir(dataDir, "vm1"))
-	if err != nil || got != set {
+	if err != nil || !reflect.DeepEqual(got, set) {
 		t.Fatalf("settings after the move: %+v %v, want %+v", got, err, set)
 	}
 	// A second start has nothing to do.

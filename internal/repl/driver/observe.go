@@ -195,7 +195,7 @@ func (r *Replica) noteDisconnect(reason string) {
 	r.obs.linkErr = nil
 	kind := classifyDisconnect(reason, le)
 	r.obs.disc[reasonIndex(kind)].Add(1)
-	r.log.Warn("replication disconnected", "peer", r.set.Peer, "reason", reason, "kind", kind)
+	r.log.Warn("replication disconnected", "peer", r.set.Peer, "reason", reason, "kind", kind, "remote", r.remote)
 }
 
 func syncing(c repl.ConnState) bool { return c == repl.SyncSource || c == repl.SyncTarget }
@@ -229,7 +229,7 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 	wasUp, isUp := p.Conn >= repl.Connected, s.Conn >= repl.Connected
 	if isUp && !wasUp {
 		log.Info("replication established", "peer", r.set.Peer, "peer_role", s.PeerRole.String(),
-			"peer_disk", s.PeerDisk.String(), "decision", s.LastDecision.Kind.String(), "out_of_sync_bytes", s.OutOfSync)
+			"peer_disk", s.PeerDisk.String(), "decision", s.LastDecision.Kind.String(), "out_of_sync_bytes", s.OutOfSync, "remote", r.remote)
 		if s.LastDecision.Resolved {
 			log.Warn("split brain detected and resolved by policy", "policy", r.set.SplitBrain,
 				"outcome", s.LastDecision.Kind.String(), "reason", s.LastDecision.Reason)

@@ -268,6 +268,15 @@ func Configure(dataDir, name string, s Settings) (Settings, error) {
 		}
 		return s, fmt.Errorf("replication of %s: %w", name, err)
 	}
+	// The link must be able to authenticate its peer (or be explicitly
+	// insecure), and a secret file must be usable now, not at the next
+	// start.
+	if err := s.AuthProblem(); err != nil {
+		return s, fmt.Errorf("replication of %s: %w", name, err)
+	}
+	if _, err := s.Secret(); err != nil {
+		return s, fmt.Errorf("replication of %s: %w", name, err)
+	}
 	// State still in the old layout moves first (or the refusal names both
 	// places), so that the settings land beside it.
 	if err := migrateVolume(dataDir, name, nil); err != nil {

@@ -15,6 +15,8 @@
 // Files: replica.go (Start, the loop, local I/O: the secondary submits
 // applies with ioengine.Request.More while more are queued, so its writes
 // are gathered by what is queued), link.go (the two TCP connections),
+// auth.go (who may connect: the peer's address, the shared-secret
+// challenge-response in the channel hello),
 // store.go (Settings on disk, meta.json, bitmap.bin, al.bin), migrate.go
 // (moving state from the old <data_dir>/repl/<volume>), plugin.go (the
 // daemon plugin, Configure, the delete and resize checks), observe.go and
@@ -111,6 +113,14 @@ type Replica struct {
 
 	ln       net.Listener
 	wantDial atomic.Bool
+	// Who may connect (auth.go): the address filter, this side's part of
+	// the authenticated channel hello, a bound on handshakes in progress,
+	// and rate-limited logs of refused connections.
+	filter     *peerFilter
+	hsParams   HandshakeParams
+	hsSem      chan struct{}
+	refusedLog *logLimiter
+	remote     string // loop only: the current link's remote address
 	// primary/upToDate mirror the node for the client hot path.
 	primary  atomic.Bool
 	upToDate atomic.Bool
@@ -178,6 +188,19 @@ func Start(o Options) (*Replica, error) {
 		return nil, err
 	}
 	s = s.WithDefaults()
+	if err := s.AuthProblem(); err != nil {
+		// Settings written before the link was authenticated: say which
+		// key to set instead of running an open link.
+		return nil, fmt.Errorf("repl %s: %w", o.Name, err)
+	}
+	secret, err := s.Secret()
+	if err != nil {
+		return nil, fmt.Errorf("repl %s: %w", o.Name, err)
+	}
+	filter, err := newPeerFilter(s)
+	if err != nil {
+		return nil, fmt.Errorf("repl %s: %w", o.Name, err)
+	}
 	proto, _ := repl.ParseProtocol(s.Protocol)
 	sb, _ := repl.ParseSplitBrainPolicy(s.SplitBrain)
 	tk := s.Ticks()
@@ -186,6 +209,12 @@ func Start(o Options) (*Replica, error) {
 		log = slog.Default()
 	}
 	log = log.With("volume", o.Name, "component", "repl")
+	if s.Insecure {
+		log.Warn("replication link is insecure (no shared secret): any process that reaches the listen port from the peer's address can take the link over",
+			"listen", s.Listen, "peer", s.Peer)
+	} else if fi, err := os.Stat(s.SharedSecretFile); s.SharedSecretFile != "" && err == nil && fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("the shared secret file is readable by other users: chmod 600 it", "file", s.SharedSecretFile, "mode", fi.Mode().Perm().String())
+	}
 	if err := os.MkdirAll(o.Dir, dirMode); err != nil {
 		return nil, err
 	}
@@ -236,6 +265,11 @@ func Start(o Options) (*Replica, error) {
 		done:    make(chan struct{}),
 		dialer:  s.Dial == "yes" || (s.Dial != "no" && s.Listen < s.Peer),
 		protoA:  proto == repl.ProtoA,
+
+		filter:     filter,
+		hsParams:   HandshakeParams{Name: o.Name, NodeID: s.NodeID, Secret: secret},
+		hsSem:      make(chan struct{}, maxHandshakes),
+		refusedLog: newLogLimiter(10 * time.Second),
 	}
 	r.rxCond = sync.NewCond(&r.rxMu)
 	r.comp.init()

@@ -58,7 +58,7 @@ type Config struct {
 	// written extents are resynced. Default 50.
 	ALRetireTicks int
 
-	ResyncIO       int64 // max bytes per resync read (default 1 MiB)
+	ResyncIO int64 // max bytes per resync read (default 1 MiB)
 	// ResyncInflight: max resync ranges in flight (default 16). A range
 	// stays in flight until the target acknowledges it, which it does
 	// only after a flush (resync.go), so the window must cover a flush's
@@ -200,7 +200,7 @@ var (
 	// ErrDiscardPrimary: discard-my-data asked on a primary, whose data is
 	// what its clients see.
 	ErrDiscardPrimary = errors.New("repl: this node is primary: demote it before discarding its data")
-	ErrConnected      = errors.New("repl: already connected or connecting to the peer (disconnect first)")
+	ErrConnected      = errors.New("repl: already connected to the peer or handshaking (vmsan repl disconnect first)")
 )
 
 // SyncTargetError refuses a promote while this node receives a resync:

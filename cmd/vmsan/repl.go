@@ -132,9 +132,26 @@ See docs/replication.md for protocols, states and split brain.`,
 	status := replStatusCommand(&dataDir)
 	demote := op("demote", "Make this node secondary for the volume (refused while clients such as NBD connections hold it open; per-volume iSCSI logical units follow roles and do not count)", "demote")
 	demote.Flags().BoolVar(&force, "force", false, "demote even though clients hold the volume open (their writes then fail)")
+	var discard bool
+	connect := op("connect", "Leave StandAlone and reconnect (after resolving split brain)", "connect")
+	connect.Long = `Leave StandAlone and reconnect to the peer.
+
+With --discard-my-data (on the node whose changes are to be dropped, once
+it is secondary): if the handshake finds split brain, this node's writes
+since the split are discarded and it resyncs from the peer, whatever the
+split-brain policy. One-shot: it applies to the next handshake only. Run
+plain "vmsan repl connect VOLUME" on the surviving node as well if it is
+StandAlone. See "Split brain" in docs/replication.md.`
+	connect.Flags().BoolVar(&discard, "discard-my-data", false, "on split brain, drop this node's changes and resync it from the peer (one-shot)")
+	connect.RunE = func(cmd *cobra.Command, args []string) error {
+		if discard {
+			return replOp(dataDir, args[0], "connect-discard-my-data")
+		}
+		return replOp(dataDir, args[0], "connect")
+	}
 	rc.AddCommand(configure, promote, demote,
 		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
-		op("connect", "Leave StandAlone and reconnect (after resolving split brain)", "connect"),
+		connect,
 		op("disconnect", "Drop the connection and stay StandAlone", "disconnect"),
 		status)
 	rootCmd.AddCommand(rc)

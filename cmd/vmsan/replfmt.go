@@ -58,6 +58,9 @@ func writeReplBlocks(w io.Writer, sts []driver.Status) {
 			if s.LastError != "" {
 				more = append(more, "last-error:"+strconv.Quote(s.LastError))
 			}
+			if s.DiscardMyData {
+				more = append(more, "discard-my-data:yes")
+			}
 			if len(more) > 0 {
 				fmt.Fprintf(w, "    %s\n", strings.Join(more, " "))
 			}

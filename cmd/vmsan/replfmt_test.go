@@ -17,7 +17,8 @@ var (
 		PeerRole: "Secondary", PeerDisk: "Inconsistent", OutOfSync: 5 << 20, SyncTotal: 8 << 20, SyncLeft: 5 << 20,
 		SyncPct: 37.5, SyncRate: 1 << 20, ETASeconds: 5, PendingWrites: 3}
 	stTarget = driver.Status{Volume: "vm2", Role: "Secondary", Disk: "Inconsistent", Conn: "SyncTarget",
-		PeerRole: "Primary", PeerDisk: "UpToDate", OutOfSync: 64 << 10}
+		PeerRole: "Primary", PeerDisk: "UpToDate", OutOfSync: 3 << 20, SyncTotal: 4 << 20, SyncLeft: 3 << 20,
+		SyncPct: 25, SyncRate: 1 << 20, ETASeconds: 3}
 	// What the node reports once the peer is gone: its role and disk are
 	// Unknown, and they must not be printed as if current.
 	stDisconnected = driver.Status{Volume: "vm1", Role: "Primary", Disk: "UpToDate", Conn: "Connecting",
@@ -44,7 +45,7 @@ func TestReplBlocksGolden(t *testing.T) {
 vm2 role:Secondary
   disk:Inconsistent
   peer role:Primary
-    replication:SyncTarget peer-disk:UpToDate out-of-sync:64KiB
+    replication:SyncTarget peer-disk:UpToDate done:25.00 out-of-sync:3072KiB rate:1024KiB/s eta:3s
 `},
 		{"disconnected", []driver.Status{stDisconnected}, `vm1 role:Primary
   disk:UpToDate
@@ -55,6 +56,11 @@ vm2 role:Secondary
   disk:UpToDate
   peer connection:StandAlone
     last-error:"split-brain: both sides wrote since generation 6101"
+`},
+		{"discard-my-data", []driver.Status{func() driver.Status { s := stStandAlone; s.DiscardMyData = true; return s }()}, `vm1 role:Secondary
+  disk:UpToDate
+  peer connection:StandAlone
+    last-error:"split-brain: both sides wrote since generation 6101" discard-my-data:yes
 `},
 		{"none", nil, ``},
 	} {
@@ -70,10 +76,11 @@ vm2 role:Secondary
 
 func TestReplTableGolden(t *testing.T) {
 	var b bytes.Buffer
-	writeReplTable(&b, []driver.Status{stSyncing, stDisconnected})
-	want := `VOLUME  ROLE     DISK      CONNECTION  PEER ROLE  PEER DISK     OUT OF SYNC  RESYNC
-vm1     Primary  UpToDate  SyncSource  Secondary  Inconsistent  5.0 MiB      37.5% eta 5s
-vm1     Primary  UpToDate  Connecting  Unknown    Unknown       256.0 KiB    -
+	writeReplTable(&b, []driver.Status{stSyncing, stTarget, stDisconnected})
+	want := `VOLUME  ROLE       DISK          CONNECTION  PEER ROLE  PEER DISK     OUT OF SYNC  RESYNC
+vm1     Primary    UpToDate      SyncSource  Secondary  Inconsistent  5.0 MiB      37.5% eta 5s
+vm2     Secondary  Inconsistent  SyncTarget  Primary    UpToDate      3.0 MiB      25.0% eta 3s
+vm1     Primary    UpToDate      Connecting  Unknown    Unknown       256.0 KiB    -
 `
 	if b.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", b.String(), want)

@@ -61,7 +61,7 @@
 //	repl_disk_state{volume, state}, repl_peer_disk_state{volume, state} Diskless .. UpToDate (peer: also Unknown)
 //	repl_connection_state{volume, state}                              StandAlone, Connecting, Handshake, Connected, Sync*, Verify*
 //	repl_out_of_sync_bytes, repl_pending_writes                       {volume}
-//	repl_resync_rate_bytes_per_second                                 {volume} (as sync source; 0 otherwise)
+//	repl_resync_rate_bytes_per_second                                 {volume} (as sync source or target; 0 otherwise)
 //	repl_resync_bytes_total{volume, kind: data, zero, hash_match}     (resynced as source)
 //	repl_replicated_bytes_total                                       {volume}
 //	repl_disconnects_total{volume, reason}                            reason: admin, ping_timeout, ko_timeout,
@@ -201,7 +201,7 @@ var (
 	dRConn     = desc("repl_connection_state", "Replication connection state.", "volume", "state")
 	dROOS      = desc("repl_out_of_sync_bytes", "Bytes marked out of sync with the peer.", "volume")
 	dRPending  = desc("repl_pending_writes", "Client writes accepted by replication and not yet answered.", "volume")
-	dRRate     = desc("repl_resync_rate_bytes_per_second", "Resync rate since the resync started (as sync source).", "volume")
+	dRRate     = desc("repl_resync_rate_bytes_per_second", "Resync rate since the resync started (as sync source or target).", "volume")
 	dRResync   = desc("repl_resync_bytes_total", "Bytes resynced to the peer as sync source, by how they travelled.", "volume", "kind")
 	dRSent     = desc("repl_replicated_bytes_total", "Client write payload bytes replicated to the peer.", "volume")
 	dRDisc     = desc("repl_disconnects_total", "Replication disconnects by reason kind.", "volume", "reason")

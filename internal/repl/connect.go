@@ -10,6 +10,9 @@
 // (hsWrites) turns NoSync into BitmapSource, so the peer gets it.
 // INVARIANT: a primary never becomes sync target: that decision
 // disconnects to StandAlone (and onSyncStart refuses it).
+// INVARIANT: from the SyncStart it sends until its SyncDone, a sync source
+// reports the peer's disk as Inconsistent (the target's state then).
+// INVARIANT: discard-my-data is used by at most one decision.
 // INVARIANT: the handshake makes progress (Connect, the peer's Hello or a
 // bitmap frame, our decision to be sync target) within handshakeTimeout =
 // max(PingTimeout, KoTicks) ticks, or Tick abandons it (tick.go).
@@ -27,6 +30,7 @@ func (n *Node) hello() Hello {
 		NodeID: n.cfg.NodeID, Gens: n.meta.Gens, Role: n.meta.Role, Disk: n.meta.Disk,
 		Protocol: n.cfg.Protocol, CrashedPrimary: n.meta.CrashedPrimary && !n.crashedCleared(),
 		PromotedAt: n.meta.PromotedAt, Size: n.cfg.Size, Dirty: n.bm.Count(),
+		DiscardMyData: n.discardMyData,
 	}
 }
 
@@ -62,6 +66,25 @@ func (n *Node) Listen() {
 	if n.conn == StandAlone {
 		n.conn = Connecting
 	}
+}
+
+// ConnectDiscardMyData is Listen for DRBD's one-shot `connect
+// --discard-my-data`: if the next handshake finds split brain, this node's
+// changes are dropped and it becomes the peer's sync target, whatever the
+// split-brain policy. The flag goes to the peer in the Hello (both sides
+// decide alike) and is cleared once a handshake reached a decision. A
+// primary refuses (its data is what its clients see; demote it first), and
+// so does a node already connected or handshaking (its Hello is sent).
+func (n *Node) ConnectDiscardMyData() error {
+	if n.meta.Role == Primary {
+		return ErrDiscardPrimary
+	}
+	if n.conn >= Handshake {
+		return ErrConnected
+	}
+	n.discardMyData = true
+	n.Listen()
+	return nil
 }
 
 // AdminDisconnect drops the connection and stays StandAlone.
@@ -128,6 +151,10 @@ func (n *Node) disconnect(reason string, to ConnState) {
 	clear(n.rs)
 	clear(n.rsByOff)
 	clear(n.cmp)
+	// Resync ranges applied but not acknowledged: the source still has
+	// their bits and resends them; a flush still in flight (rsFlushID)
+	// completes without acknowledging anything on a later connection.
+	n.rsPend, n.rsFlushing = nil, nil
 	n.peerHello = nil
 	n.awaitStart = false
 	// What we knew of the peer is stale from now on: report it as unknown
@@ -190,6 +217,9 @@ func (n *Node) maybeDecide() {
 		return
 	}
 	d := Decide(n.sentHello, *n.peerHello, n.cfg.SplitBrain)
+	// discard-my-data is one-shot: it applied to this decision (sent in
+	// our Hello) and not to later handshakes.
+	n.discardMyData = false
 	if d.Kind == NoSync && n.hsWrites {
 		// Identical when the Hellos were sent, but we wrote since (the
 		// writes went local-only and are in our bitmap): resync them. The
@@ -212,7 +242,18 @@ func (n *Node) maybeDecide() {
 		}
 		n.conn = SyncTarget // the source's SyncStart sets generation and disk
 		n.awaitStart, n.hsAt = true, n.tick
+		// The source resyncs exactly this set (it computes the same
+		// union): keep it in our bitmap, persisted before any resync data
+		// lands, and clear bits as the data becomes durable here
+		// (rsFlushDone). That gives the target its progress, and a
+		// restarted target sends what is left instead of everything.
+		if d.Kind == FullTarget {
+			n.bm.SetAll()
+		}
+		n.bm.Or(n.peerBitmap)
 		n.peerBitmap = nil
+		n.rsKnown, n.rsDone, n.rsTotal = true, 0, n.outOfSync()
+		n.bmDirty = true
 	case NoSync:
 		n.conn = Connected
 		if n.meta.Gens.Bitmap != 0 {
@@ -234,12 +275,18 @@ func (n *Node) maybeDecide() {
 		if n.meta.Gens.Bitmap == 0 {
 			n.meta.Gens.newCurrent(n.newGen())
 		}
-		n.send(Message{Type: MsgSyncStart, Seq: n.meta.Gens.Bitmap})
-		n.conn = SyncSource
 		n.cursor, n.rsTotal = 0, n.outOfSync()
+		n.send(Message{Type: MsgSyncStart, Seq: n.meta.Gens.Bitmap, Length: n.rsTotal})
+		n.conn = SyncSource
 		n.metaDirty, n.bmDirty = true, true
 	}
 	n.peerRole, n.peerDisk = n.peerHello.Role, n.peerHello.Disk
+	if n.conn == SyncSource {
+		// The SyncStart makes the peer Inconsistent until our SyncDone,
+		// whatever its Hello said (a cleanly restarted secondary says
+		// UpToDate): never report the peer UpToDate mid-resync.
+		n.peerDisk = Inconsistent
+	}
 	n.flushHeld()
 	n.pump()
 }

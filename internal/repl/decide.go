@@ -12,6 +12,9 @@ type Hello struct {
 	PromotedAt     int64
 	Size           int64
 	Dirty          int64 // set bits in the sender's bitmap (changes since the split)
+	// DiscardMyData: the sender asked (one-shot) to be discarded should
+	// this handshake find split brain (Node.ConnectDiscardMyData).
+	DiscardMyData bool
 }
 
 // SyncKind is the outcome of the connect-time comparison.
@@ -132,8 +135,16 @@ func resolveSplitBrain(self, peer Hello, policy SplitBrainPolicy, rule int) Deci
 	sb := Decision{Kind: SplitBrain, Rule: rule, Reason: "split brain: both sides wrote since generation " + hexGen(self.Gens.Bitmap)}
 	// loser==true means we are discarded (become sync target).
 	var loser, ok bool
-	switch policy {
-	case SBDiscardZeroChanges:
+	by := policy.String()
+	switch {
+	case self.DiscardMyData && peer.DiscardMyData:
+		// Both asked to be discarded: there is no survivor to sync from.
+		sb.Reason += "; both nodes asked to discard their data (use discard-my-data on one only)"
+		return sb
+	case self.DiscardMyData || peer.DiscardMyData:
+		// The operator's one-shot choice wins over any policy.
+		loser, ok, by = self.DiscardMyData, true, "discard-my-data"
+	case policy == SBDiscardZeroChanges:
 		switch {
 		case self.Dirty == 0 && peer.Dirty > 0:
 			loser, ok = true, true
@@ -143,13 +154,13 @@ func resolveSplitBrain(self, peer Hello, policy SplitBrainPolicy, rule int) Deci
 			// Neither actually wrote: any direction is lossless.
 			loser, ok = self.NodeID > peer.NodeID, true
 		}
-	case SBDiscardYoungerPrimary:
+	case policy == SBDiscardYoungerPrimary:
 		if self.PromotedAt != peer.PromotedAt {
 			loser, ok = self.PromotedAt > peer.PromotedAt, true
 		} else {
 			loser, ok = self.NodeID > peer.NodeID, true
 		}
-	case SBDiscardLeastChanges:
+	case policy == SBDiscardLeastChanges:
 		if self.Dirty != peer.Dirty {
 			loser, ok = self.Dirty < peer.Dirty, true
 		} else {
@@ -161,13 +172,13 @@ func resolveSplitBrain(self, peer Hello, policy SplitBrainPolicy, rule int) Deci
 	}
 	// Never throw away the data a running primary is serving.
 	if (loser && self.Role == Primary) || (!loser && peer.Role == Primary) {
-		sb.Reason += "; policy " + policy.String() + " would discard the current primary"
+		sb.Reason += "; " + by + " would discard the current primary"
 		return sb
 	}
 	if loser {
-		return Decision{Kind: BitmapTarget, Rule: rule, Resolved: true, Reason: "split brain resolved by " + policy.String()}
+		return Decision{Kind: BitmapTarget, Rule: rule, Resolved: true, Reason: "split brain resolved by " + by}
 	}
-	return Decision{Kind: BitmapSource, Rule: rule, Resolved: true, Reason: "split brain resolved by " + policy.String()}
+	return Decision{Kind: BitmapSource, Rule: rule, Resolved: true, Reason: "split brain resolved by " + by}
 }
 
 func hexGen(u uint64) string {

@@ -18,20 +18,24 @@ var rewrite = flag.Bool("rewrite", false, "rewrite expected outputs in testdata/
 // simNode is one node of the simulated pair: the state machine, an
 // in-memory disk, persisted state, and held local I/O.
 type simNode struct {
-	name    string
-	cfg     Config
-	n       *Node
-	disk    []byte
-	meta    Meta
-	bm      []uint64
-	al      []int64
-	holdIO  bool
-	applies []Apply
-	reads   []Read
-	rel     []string
-	failIO  bool
-	gen     uint64
-	discs   []string
+	name   string
+	cfg    Config
+	n      *Node
+	disk   []byte
+	meta   Meta
+	bm     []uint64
+	al     []int64
+	holdIO bool
+	// holdFlush: flushes do not complete (writes do) until release-flush,
+	// so a test sees what waits for durability.
+	holdFlush bool
+	flushes   []Apply
+	applies   []Apply
+	reads     []Read
+	rel       []string
+	failIO    bool
+	gen       uint64
+	discs     []string
 }
 
 // sim is two nodes and a network with two channels per direction.
@@ -168,6 +172,10 @@ func (s *sim) doIO(sn *simNode) bool {
 		as := sn.applies
 		sn.applies = nil
 		for _, a := range as {
+			if a.Op == OpFlush && sn.holdFlush {
+				sn.flushes = append(sn.flushes, a)
+				continue
+			}
 			var err error
 			if sn.failIO {
 				err = fmt.Errorf("injected I/O error")
@@ -368,6 +376,22 @@ func (s *sim) run(t *testing.T, cmd string, args []string) string {
 		}
 	case "hold":
 		node().holdIO = true
+	case "hold-flush":
+		node().holdFlush = true
+	case "release-flush":
+		sn := node()
+		sn.holdFlush = false
+		sn.applies = append(sn.flushes, sn.applies...)
+		sn.flushes = nil
+		s.stabilize()
+	case "progress":
+		for _, name := range pos {
+			st := s.nodes[name].n.Status()
+			out = append(out, fmt.Sprintf("%s: %s total=%d left=%d discard-my-data=%v", name, st.Conn, st.ResyncTotal, st.ResyncLeft, st.DiscardMyData))
+		}
+	case "connect-discard":
+		err := node().n.ConnectDiscardMyData()
+		out = append(out, fmt.Sprintf("connect-discard %s: %v", pos[0], err))
 	case "release-io":
 		node().holdIO = false
 		s.stabilize()
@@ -402,6 +426,8 @@ func (s *sim) run(t *testing.T, cmd string, args []string) string {
 	case "decision":
 		d := node().n.Status().LastDecision
 		out = append(out, fmt.Sprintf("%s: %v rule=%d resolved=%v", pos[0], d.Kind, d.Rule, d.Resolved))
+	case "reason":
+		out = append(out, fmt.Sprintf("%s: %s", pos[0], node().n.Status().LastDecision.Reason))
 	case "compare":
 		a, b := s.nodes["a"].disk, s.nodes["b"].disk
 		if bytes.Equal(a, b) {
@@ -421,6 +447,7 @@ func (s *sim) run(t *testing.T, cmd string, args []string) string {
 		sn := node()
 		s.cut()
 		sn.applies, sn.reads, sn.holdIO = nil, nil, false
+		sn.flushes, sn.holdFlush = nil, false
 		sn.n = NewNode(sn.cfg, sn.meta, sn.bm, sn.al)
 		s.stabilize()
 		out = append(out, fmt.Sprintf("%s restarted: oos=%d", sn.name, sn.n.Status().OutOfSync))

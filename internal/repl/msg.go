@@ -27,7 +27,7 @@ const (
 	MsgVerifyReply                    // control: Flags&FlagMatch or not
 	MsgVerifyDone                     // data: end of online verify
 	MsgRole                           // control: sender's role changed (Op = Role)
-	MsgSyncStart                      // data: resync begins; Seq = source's Bitmap gen, Offset = source's Current
+	MsgSyncStart                      // data: resync begins; Seq = source's Bitmap gen (0: keep), Length = bytes to resync
 	msgMax
 )
 
@@ -241,8 +241,12 @@ func EncodeHello(h Hello) []byte {
 	b[40] = byte(h.Role)
 	b[41] = byte(h.Disk)
 	b[42] = byte(h.Protocol)
+	// Byte 43 holds flags: bit 0 CrashedPrimary, bit 1 DiscardMyData.
 	if h.CrashedPrimary {
-		b[43] = 1
+		b[43] |= 1
+	}
+	if h.DiscardMyData {
+		b[43] |= 2
 	}
 	be.PutUint64(b[44:], uint64(h.PromotedAt))
 	be.PutUint64(b[52:], uint64(h.Size))
@@ -262,12 +266,13 @@ func DecodeHello(b []byte) (Hello, error) {
 		Role:           Role(b[40]),
 		Disk:           DiskState(b[41]),
 		Protocol:       Protocol(b[42]),
-		CrashedPrimary: b[43] == 1,
+		CrashedPrimary: b[43]&1 != 0,
+		DiscardMyData:  b[43]&2 != 0,
 		PromotedAt:     int64(be.Uint64(b[44:])),
 		Size:           int64(be.Uint64(b[52:])),
 		Dirty:          int64(be.Uint64(b[60:])),
 	}
-	if h.Role > Primary || h.Disk > UpToDate || h.Protocol > ProtoB || b[43] > 1 || h.Size < 0 || h.Size > MaxOffset || h.Dirty < 0 {
+	if h.Role > Primary || h.Disk > UpToDate || h.Protocol > ProtoB || b[43] > 3 || h.Size < 0 || h.Size > MaxOffset || h.Dirty < 0 {
 		return Hello{}, fmt.Errorf("%w: hello field out of range", ErrBadFrame)
 	}
 	return h, nil

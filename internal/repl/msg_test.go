@@ -60,9 +60,18 @@ func TestDecodeRejects(t *testing.T) {
 func TestHelloRoundTrip(t *testing.T) {
 	h := Hello{NodeID: 9, Gens: Generations{1, 2, [2]uint64{3, 4}}, Role: Primary, Disk: Outdated,
 		Protocol: ProtoB, CrashedPrimary: true, PromotedAt: 12345, Size: 1 << 30, Dirty: 77}
-	got, err := DecodeHello(EncodeHello(h))
-	if err != nil || got != h {
-		t.Fatalf("%+v %v", got, err)
+	for _, discard := range []bool{false, true} {
+		h.DiscardMyData = discard
+		got, err := DecodeHello(EncodeHello(h))
+		if err != nil || got != h {
+			t.Fatalf("%+v %v", got, err)
+		}
+	}
+	// Unknown flag bits are rejected (they may carry meaning later).
+	b := EncodeHello(h)
+	b[43] |= 4
+	if _, err := DecodeHello(b); err == nil {
+		t.Fatal("hello with an unknown flag accepted")
 	}
 }
 
@@ -148,11 +157,17 @@ func TestDecideSymmetric(t *testing.T) {
 		for _, g1 := range gens {
 			for _, g2 := range gens {
 				for _, dirty := range [][2]int64{{0, 0}, {0, 3}, {5, 1}} {
-					a := Hello{NodeID: 1, Gens: g1, Size: 10, Dirty: dirty[0], PromotedAt: 5, Disk: UpToDate}
-					b := Hello{NodeID: 2, Gens: g2, Size: 10, Dirty: dirty[1], PromotedAt: 9, Disk: UpToDate}
-					da, db := Decide(a, b, pol), Decide(b, a, pol)
-					if mirror[da.Kind] != db.Kind {
-						t.Fatalf("policy %v %v vs %v: %v / %v", pol, g1, g2, da, db)
+					// discard-my-data: neither, either, both.
+					for dm := 0; dm < 4; dm++ {
+						a := Hello{NodeID: 1, Gens: g1, Size: 10, Dirty: dirty[0], PromotedAt: 5, Disk: UpToDate, DiscardMyData: dm&1 != 0}
+						b := Hello{NodeID: 2, Gens: g2, Size: 10, Dirty: dirty[1], PromotedAt: 9, Disk: UpToDate, DiscardMyData: dm&2 != 0}
+						da, db := Decide(a, b, pol), Decide(b, a, pol)
+						if mirror[da.Kind] != db.Kind {
+							t.Fatalf("policy %v %v vs %v discard %d: %v / %v", pol, g1, g2, dm, da, db)
+						}
+						if dm == 1 && da.Resolved && da.Kind != BitmapTarget && da.Kind != FullTarget {
+							t.Fatalf("discard-my-data on a, %v vs %v: a is %v", g1, g2, da)
+						}
 					}
 				}
 			}

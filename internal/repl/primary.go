@@ -179,11 +179,15 @@ func (n *Node) maybeRelease(p *pendingWrite) {
 }
 
 // LocalDone reports that Apply id finished: an AL retirement flush, a
-// client write on the primary, or a stream item on the secondary
-// (secondary.go).
+// sync target's resync flush (resync.go), a client write on the primary,
+// or a stream item on the secondary (secondary.go).
 func (n *Node) LocalDone(id uint64, err error) {
 	if id != 0 && id == n.retireID {
 		n.retireDone(err)
+		return
+	}
+	if id != 0 && id == n.rsFlushID {
+		n.rsFlushDone(err)
 		return
 	}
 	if p, ok := n.writes[id]; ok {

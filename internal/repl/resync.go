@@ -15,6 +15,14 @@
 // a larger read carries over to the next ticks.
 // INVARIANT: SyncDone is sent only with no range in flight and an empty
 // bitmap.
+// INVARIANT: a sync target acknowledges resync data (RSAck) only after a
+// local flush issued once the data's write had completed succeeded, so a
+// bit cleared on either side covers data durable on the target; resync
+// writes therefore take no activity-log extent (the bits cover them), and
+// a restarted target resyncs what is left, not its recent extents.
+// INVARIANT: resync progress (cleared bits) reaches disk at most
+// PingInterval ticks late (persistProgress); a later bitmap on disk only
+// has more bits set, never fewer.
 // INVARIANT: a hash request's length is bounded (MaxData, volume size)
 // before the driver reads and allocates it; results arriving after a
 // disconnect are dropped (rs and cmp are cleared there).
@@ -200,10 +208,13 @@ func (n *Node) pumpVerify() {
 		n.send(Message{Type: MsgVerifyDone})
 		n.conn = Connected
 		if n.bm.Count() > 0 && n.meta.Role == Primary {
-			// Resync what verify found, from the primary.
-			n.send(Message{Type: MsgSyncStart, Seq: 0})
-			n.conn = SyncSource
+			// Resync what verify found, from the primary. The peer does
+			// not know which chunks: Length tells it how much, for its
+			// progress.
 			n.cursor, n.rsTotal = 0, n.outOfSync()
+			n.send(Message{Type: MsgSyncStart, Seq: 0, Length: n.rsTotal})
+			n.conn = SyncSource
+			n.peerDisk = Inconsistent
 			n.pump()
 		}
 	}
@@ -231,8 +242,11 @@ func (n *Node) rsAcked(off, l int64, failed bool) error {
 	}
 	if r.outstanding <= 0 && !r.reading {
 		if !r.verify && !failed {
+			// The target acknowledges resync data only once it is durable
+			// there (rsFlushDone), so the bit may go, and may be persisted.
 			n.bm.ClearRange(r.off, r.len, n.cfg.Size)
 			n.bmDirty = n.bmDirty || n.bm.Count() == 0
+			n.progressDirty = true
 		}
 		n.rangeDone(id, r)
 	}
@@ -291,6 +305,8 @@ func (n *Node) compareDone(m Message, pieces []ReadPiece, err error) {
 		t = MsgRSHashReply
 		if match {
 			n.bm.ClearRange(m.Offset, m.Length, n.cfg.Size)
+			n.rsDone += m.Length
+			n.progressDirty = true
 		}
 	}
 	n.send(Message{Type: t, Offset: m.Offset, Length: m.Length, Flags: fl})
@@ -320,6 +336,12 @@ func (n *Node) onSyncStart(m Message) error {
 	if n.meta.Role == Primary {
 		return errors.New("primary cannot be sync target")
 	}
+	if n.conn == Connected {
+		// After an online verify, or writes the source made during the
+		// handshake: only the source knows which chunks come; it says
+		// how many bytes (Length, 0 from an older source).
+		n.rsKnown, n.rsDone, n.rsTotal = false, 0, m.Length
+	}
 	n.conn = SyncTarget
 	n.awaitStart = false
 	if m.Seq != 0 && m.Seq != n.meta.Gens.Current {
@@ -348,6 +370,75 @@ func (n *Node) onSyncDone(m Message) error {
 	n.conn = Connected
 	n.peerDisk = UpToDate
 	return nil
+}
+
+// targetProgress is a sync target's resync total and what is left, in
+// bytes: the bitmap holds what is left when the handshake decided the set
+// (rsKnown), else only the source knows and we count what was done.
+func (n *Node) targetProgress() (total, left int64) {
+	if n.rsKnown {
+		left = n.outOfSync()
+		return max(n.rsTotal, left), left
+	}
+	return n.rsTotal, max(n.rsTotal-n.rsDone, 0)
+}
+
+// rsApplied (target): resync range it was applied without error. It is
+// acknowledged once a flush made it durable, never before: the source
+// then clears (and may persist) its bit, and a crash here must not lose
+// data the source no longer marks. Flushes are group commits: one in
+// flight, covering every range applied before it was issued.
+func (n *Node) rsApplied(off, l int64) {
+	n.rsPend = append(n.rsPend, span{off: off, len: l})
+	n.maybeFlushResync()
+}
+
+func (n *Node) maybeFlushResync() {
+	if n.rsFlushID != 0 || len(n.rsPend) == 0 {
+		return
+	}
+	n.nextID++
+	n.rsFlushID = n.nextID
+	n.rsFlushing, n.rsPend = n.rsPend, nil
+	n.rd.Apply = append(n.rd.Apply, Apply{ID: n.rsFlushID, Op: OpFlush})
+}
+
+// rsFlushDone (target): the flush covering rsFlushing finished. Its
+// ranges are durable: clear their bits and acknowledge them. A failed
+// flush acknowledges them with the error, so the source keeps their bits
+// and resends them on a later pass.
+func (n *Node) rsFlushDone(err error) {
+	n.rsFlushID = 0
+	done := n.rsFlushing
+	n.rsFlushing = nil
+	if !n.conn.up() {
+		return // dropped at the disconnect; the source resends them
+	}
+	var fl uint8
+	if err != nil {
+		fl = FlagErr
+		n.lastErr = "resync flush: " + err.Error()
+	}
+	for _, sp := range done {
+		if err == nil {
+			n.bm.ClearRange(sp.off, sp.len, n.cfg.Size)
+			n.rsDone += sp.len
+			n.progressDirty = true
+		}
+		n.send(Message{Type: MsgRSAck, Offset: sp.off, Length: sp.len, Flags: fl})
+	}
+	n.maybeFlushResync()
+}
+
+// persistProgress (from Tick) persists the bitmap when resync cleared
+// bits, at most every PingInterval ticks: a bitmap write per acknowledged
+// range would cost more than the resync, and a bitmap older by a second
+// only means that second is resynced again after a restart.
+func (n *Node) persistProgress() {
+	if n.progressDirty && n.tick-n.progressAt >= int64(n.cfg.PingInterval) {
+		n.progressDirty, n.progressAt = false, n.tick
+		n.bmDirty = true
+	}
 }
 
 // onHashReq: the source sent a checksum (RSHash, checksum resync) or a

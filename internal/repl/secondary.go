@@ -5,14 +5,15 @@
 // INVARIANT: a primary refuses replicated writes (protocol error).
 // INVARIANT: a stream flush is submitted only after every earlier item
 // completed, and no later item is submitted before it completes.
-// INVARIANT: every non-flush item acquires its activity-log extent when it
-// is submitted, so no Apply is emitted before the Persist that covers it.
+// INVARIANT: every non-flush stream item acquires its activity-log extent
+// when it is submitted, so no Apply is emitted before the Persist that
+// covers it; resync data takes none (its bits cover it until durable).
 // INVARIANT: acks go out only while connected, and only after the item
 // completed locally (protocol C WriteAck, RSAck); protocols A and B send
 // RecvAck on receipt. Items not yet submitted when the connection drops
 // are dropped unacknowledged: the primary has marked them out of sync.
-// INVARIANT: resync data clears the target's bits only once applied
-// without error; a stream write that fails here while connected marks its
+// INVARIANT: resync data clears the target's bits and is acknowledged
+// only once applied without error and flushed (resync.go); a stream write that fails here while connected marks its
 // chunks and makes the local disk Inconsistent.
 
 package repl
@@ -106,7 +107,13 @@ func (n *Node) drainRx() {
 		default:
 			a.Op, a.Data = it.m.Op, it.m.Data
 		}
-		if a.Op != OpFlush {
+		if a.Op != OpFlush && !it.resync {
+			// Resync data needs no AL extent: the source keeps its bits
+			// until we acknowledge, and we acknowledge only once it is
+			// durable (rsApplied), so a crash here loses nothing the
+			// bitmaps do not cover. With extents, a crashed target would
+			// resync everything it had received in the last retire
+			// period again.
 			n.acquireAL(a.Offset, a.Length)
 			it.hasAL = true
 		}
@@ -127,7 +134,8 @@ func (n *Node) ackRx(it *rxItem) {
 	}
 	if it.resync {
 		if it.err == nil {
-			n.bm.ClearRange(it.m.Offset, it.m.Length, n.cfg.Size)
+			n.rsApplied(it.m.Offset, it.m.Length)
+			return
 		}
 		n.send(Message{Type: MsgRSAck, Offset: it.m.Offset, Length: it.m.Length, Flags: fl})
 		return

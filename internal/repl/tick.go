@@ -49,6 +49,7 @@ func (n *Node) Tick() {
 	}
 	// Retire idle activity-log extents.
 	n.maybeRetire()
+	n.persistProgress()
 	// Refill the resync budget.
 	n.refillBudget()
 	n.pump()

@@ -231,7 +231,11 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 		log.Info("replication established", "peer", r.set.Peer, "peer_role", s.PeerRole.String(),
 			"peer_disk", s.PeerDisk.String(), "decision", s.LastDecision.Kind.String(), "out_of_sync_bytes", s.OutOfSync, "remote", r.remote)
 		if s.LastDecision.Resolved {
-			log.Warn("split brain detected and resolved by policy", "policy", r.set.SplitBrain,
+			by := r.set.SplitBrain
+			if strings.HasSuffix(s.LastDecision.Reason, "discard-my-data") {
+				by = "discard-my-data"
+			}
+			log.Warn("split brain detected and resolved by policy", "policy", by,
 				"outcome", s.LastDecision.Kind.String(), "reason", s.LastDecision.Reason)
 		}
 	}
@@ -269,9 +273,10 @@ func (r *Replica) observe(s repl.Status, now time.Time) {
 		if s.Conn == repl.SyncSource {
 			log.Info("resync started", "direction", direction(s.Conn), "bytes", o.rsBytes, "peer", r.set.Peer)
 		} else {
-			// The source decides what to send (its bitmap, or everything
-			// for a full sync); our own out-of-sync count is a part.
-			log.Info("resync started", "direction", direction(s.Conn), "local_out_of_sync_bytes", s.OutOfSync, "peer", r.set.Peer)
+			// bytes: what the source resyncs (known here from the
+			// handshake's bitmaps, or announced by its SyncStart; 0 while
+			// the SyncStart of a resync after verify has not come).
+			log.Info("resync started", "direction", direction(s.Conn), "bytes", s.ResyncTotal, "local_out_of_sync_bytes", s.OutOfSync, "peer", r.set.Peer)
 		}
 	}
 	if p.Conn == repl.VerifySource && s.Conn == repl.Connected {
@@ -299,7 +304,7 @@ func (r *Replica) publishChanges(p, s repl.Status, now time.Time) {
 	case syncing(s.Conn) && s.Conn != p.Conn:
 		r.obs.rsEvent = now
 		r.bus.Publish(events.New(events.Create, events.Resync, resyncAttrs(r.name, s)...))
-	case syncing(s.Conn) && s.OutOfSync != p.OutOfSync && now.Sub(r.obs.rsEvent) >= resyncEventEvery:
+	case syncing(s.Conn) && (s.ResyncLeft != p.ResyncLeft || s.OutOfSync != p.OutOfSync) && now.Sub(r.obs.rsEvent) >= resyncEventEvery:
 		r.obs.rsEvent = now
 		r.bus.Publish(events.New(events.Change, events.Resync, resyncAttrs(r.name, s)...))
 	case syncing(p.Conn) && s.Conn != p.Conn:
@@ -313,11 +318,11 @@ func replAttrs(volume string, s repl.Status) []string {
 		"peer_role", s.PeerRole.String(), "peer_disk", s.PeerDisk.String(), "out_of_sync_bytes", strconv.FormatInt(s.OutOfSync, 10)}
 }
 
-// resyncAttrs: the percentage is known on the source (it knows the total);
-// the target reports what it still has marked out of sync.
+// resyncAttrs: left_bytes and the percentage, on either side (the target
+// knows the total from the handshake or the source's SyncStart).
 func resyncAttrs(volume string, s repl.Status) []string {
-	kv := []string{"volume", volume, "direction", s.Conn.String(), "left_bytes", strconv.FormatInt(s.OutOfSync, 10)}
-	if s.Conn == repl.SyncSource && s.ResyncTotal > 0 {
+	kv := []string{"volume", volume, "direction", s.Conn.String(), "left_bytes", strconv.FormatInt(s.ResyncLeft, 10)}
+	if s.ResyncTotal > 0 {
 		kv = append(kv, "percent", strconv.FormatFloat(100*float64(s.ResyncTotal-s.ResyncLeft)/float64(s.ResyncTotal), 'f', 1, 64))
 	}
 	return kv
@@ -329,8 +334,8 @@ func eventsFromStatus(st Status) []events.Event {
 		"connection", st.Conn, "peer_role", st.PeerRole, "peer_disk", st.PeerDisk,
 		"out_of_sync_bytes", strconv.FormatInt(st.OutOfSync, 10))}
 	if st.Conn == repl.SyncSource.String() || st.Conn == repl.SyncTarget.String() {
-		kv := []string{"volume", st.Volume, "direction", st.Conn, "left_bytes", strconv.FormatInt(st.OutOfSync, 10)}
-		if st.Conn == repl.SyncSource.String() && st.SyncTotal > 0 {
+		kv := []string{"volume", st.Volume, "direction", st.Conn, "left_bytes", strconv.FormatInt(st.SyncLeft, 10)}
+		if st.SyncTotal > 0 {
 			kv = append(kv, "percent", strconv.FormatFloat(st.SyncPct, 'f', 1, 64))
 		}
 		out = append(out, events.New(events.Exists, events.Resync, kv...))

@@ -30,7 +30,8 @@ import (
 // Control endpoints (on the daemon's control socket):
 //
 //	POST /v1/repl/{volume}/{op}   op: promote, promote-force, demote,
-//	                              demote-force, verify, connect, disconnect
+//	                              demote-force, verify, connect,
+//	                              connect-discard-my-data, disconnect
 //
 //	GET  /v1/repl                 every replica's Status (JSON list)
 //
@@ -209,11 +210,13 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 		err = r.Verify()
 	case "connect":
 		err = r.Connect()
+	case "connect-discard-my-data":
+		err = r.ConnectDiscardMyData()
 	case "disconnect":
 		err = r.Disconnect()
 	default:
 		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found",
-			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, verify, connect or disconnect)", op)})
+			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, demote-force, verify, connect, connect-discard-my-data or disconnect)", op)})
 		return
 	}
 	if err != nil {

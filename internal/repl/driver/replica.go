@@ -793,6 +793,20 @@ func (r *Replica) Connect() error {
 	return r.call(func() error { r.node.Listen(); return nil })
 }
 
+// ConnectDiscardMyData is Connect with DRBD's one-shot --discard-my-data:
+// should the next handshake find split brain, this node's changes since
+// the split are dropped and it resyncs from the peer (repl.Node.
+// ConnectDiscardMyData: refused on a primary, or while connected).
+func (r *Replica) ConnectDiscardMyData() error {
+	return r.call(func() error {
+		if err := r.node.ConnectDiscardMyData(); err != nil {
+			return err
+		}
+		r.log.Warn("discard-my-data: if the next handshake finds split brain, this node's changes are dropped and it resyncs from the peer", "peer", r.set.Peer)
+		return nil
+	})
+}
+
 // Close stops replication cleanly: waits (bounded) for local writes in
 // flight, records a clean shutdown (bitmap complete, activity log need not
 // be replayed) and stops every goroutine. It does not close the device.

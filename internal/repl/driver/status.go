@@ -12,7 +12,9 @@ import (
 // one shape; new fields may be added, none removed or renamed. States are
 // the names of the repl package's Role, DiskState and ConnState; peer_role
 // and peer_disk are "Unknown" while not connected. Resync fields are 0
-// when no resync or verify runs here as source.
+// unless a resync runs here (as source or target) or a verify runs here as
+// source. DiscardMyData is set between `repl connect --discard-my-data`
+// and the handshake it applies to.
 type Status struct {
 	Volume     string  `json:"volume"`
 	Role       string  `json:"role"`
@@ -32,6 +34,9 @@ type Status struct {
 	ETASeconds float64 `json:"resync_eta_seconds"`
 	Decision   string  `json:"last_decision"`
 	LastError  string  `json:"last_error"`
+	// DiscardMyData: the next handshake drops this node's data if it
+	// finds split brain (one-shot).
+	DiscardMyData bool `json:"discard_my_data"`
 	// PendingWrites is the client writes accepted and not yet answered.
 	PendingWrites int `json:"pending_writes"`
 
@@ -79,15 +84,16 @@ func (r *Replica) publish() {
 		ResyncBytes: s.Stats.ResyncBytes, ResyncZeroBytes: s.Stats.ResyncZeroBytes,
 		HashMatchBytes: s.Stats.ResyncHashMatchBytes, VerifiedBytes: s.Stats.VerifiedBytes,
 		VerifyDiff: s.Stats.VerifyDiff, SentBytes: s.Stats.SentBytes, ReceivedOps: s.Stats.ReceivedData,
-		Disconnects: s.Stats.Disconnects,
+		Disconnects: s.Stats.Disconnects, DiscardMyData: s.DiscardMyData,
 	}
 	if s.LastDecision.Rule != 0 {
 		st.Decision = s.LastDecision.Kind.String()
 		if s.LastDecision.Resolved {
-			st.Decision += " (split brain resolved by policy)"
+			// "split brain resolved by <policy or discard-my-data>"
+			st.Decision += " (" + s.LastDecision.Reason + ")"
 		}
 	}
-	if s.Conn == repl.SyncSource || s.Conn == repl.VerifySource {
+	if s.Conn == repl.SyncSource || s.Conn == repl.SyncTarget || s.Conn == repl.VerifySource {
 		if s.ResyncTotal > 0 {
 			st.SyncPct = 100 * float64(s.ResyncTotal-s.ResyncLeft) / float64(s.ResyncTotal)
 		}

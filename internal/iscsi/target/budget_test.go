@@ -17,7 +17,9 @@ import (
 func TestDaemonBudgetAndMaxSessions(t *testing.T) {
 	var global volrt.Budget
 	global.Init(1 << 20)
-	ts := startServer(t, func(c *Config, _ *Target) { c.Budget, c.MaxSessions = &global, 2 })
+	// The whole budget may wait for data here (the awaiting share is
+	// TestAwaitingDataShare's).
+	ts := startServer(t, func(c *Config, _ *Target) { c.Budget, c.MaxSessions, c.AwaitingDataShare = &global, 2, 1 })
 	write := func(i *ini, itt uint32) {
 		i.send(&pdu.SCSICommand{Final: true, Write: true, ITT: itt, ExpectedDataTransferLength: 512 << 10, CmdSN: i.cmdSN, CDB: writeCDB(0, 1024)}, nil)
 		i.cmdSN++
@@ -87,7 +89,7 @@ func TestDaemonBudgetAndMaxSessions(t *testing.T) {
 func TestDaemonBudgetImmediateData(t *testing.T) {
 	var global volrt.Budget
 	global.Init(1 << 20)
-	ts := startServer(t, func(c *Config, _ *Target) { c.Budget = &global })
+	ts := startServer(t, func(c *Config, _ *Target) { c.Budget, c.AwaitingDataShare = &global, 1 })
 	i := dial(t, ts.addr)
 	i.login("InitialR2T", "Yes", "ImmediateData", "Yes")
 	data := make([]byte, 512<<10)

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -88,7 +89,7 @@ func withBodyDeadline(h http.Handler) http.Handler {
 			return
 		case len(b) > maxBodyBytes:
 			w.Header().Set("Connection", "close")
-			writeJSON(w, http.StatusRequestEntityTooLarge, &APIError{Code: "bad_request", Message: "request body too large"})
+			writeJSON(w, http.StatusBadRequest, &APIError{Code: "bad_request", Message: fmt.Sprintf("bad request body: larger than %d bytes", maxBodyBytes)})
 			return
 		}
 		rc.SetReadDeadline(time.Time{})

@@ -684,7 +684,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		go d.metrics.Serve(d.metricsServed)
 	}
 	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners(),
-		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit))
+		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit),
+		// The Go runtime raised the soft limit to the hard one; the caps
+		// of non-data listeners derive from it (limits.go).
+		"max_open_files", netutil.NofileLimit())
 	var runErr error
 	select {
 	case <-ctx.Done():

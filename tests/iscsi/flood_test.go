@@ -133,6 +133,10 @@ func TestPortalFlood(t *testing.T) {
 	if n := fdCount(t, v.cmd.Process.Pid); n >= floodNofile {
 		t.Errorf("daemon holds %d descriptors during the portal flood, its limit is %d", n, floodNofile)
 	}
+	v.waitLog(t, 5*time.Second, "too many connections logging in (iscsi.max_pending_logins)")
+	if m := scrape(t, v.metrics); m[`vmsan_frontend_connections_refused_total{frontend="iscsi"}`] < 1 {
+		t.Errorf("no refused iSCSI connection counted during the portal flood")
+	}
 	end()
 	v.iscsiWorks(t, "after the portal flood", 30*time.Second)
 

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -97,6 +98,17 @@ type ISCSI struct {
 	// (docs/iscsi.md "What happens on each failure"; the daemon warns).
 	NopInterval Duration `yaml:"nop_interval,omitempty"`
 	NopTimeout  Duration `yaml:"nop_timeout,omitempty"`
+	// LoginTimeout closes a connection that has not completed its login
+	// by then (default 15s).
+	LoginTimeout Duration `yaml:"login_timeout,omitempty"`
+	// MaxPendingLogins bounds the connections still logging in (default
+	// 64, and at most an eighth of the process's file descriptor limit):
+	// past it a new connection is closed at once.
+	MaxPendingLogins int `yaml:"max_pending_logins,omitempty"`
+	// DataOutTimeout closes a connection whose command waited this long
+	// for the next part of its write data, after an R2T (default 3s;
+	// negative: never), releasing what the session held.
+	DataOutTimeout Duration `yaml:"dataout_timeout,omitempty"`
 }
 
 // ISCSIPortal is one listener and its target portal group tag. In YAML
@@ -400,6 +412,12 @@ func (c *ISCSI) validate() []string {
 	}
 	if c.MaxSessions < 0 || c.MaxSessions > 65535 {
 		add("iscsi.max_sessions %d: want 1..65535 (0: default 256)", c.MaxSessions)
+	}
+	if c.MaxPendingLogins < 0 || c.MaxPendingLogins > 65535 {
+		add("iscsi.max_pending_logins %d: want 1..65535 (0: default 64)", c.MaxPendingLogins)
+	}
+	if c.LoginTimeout < 0 {
+		add("iscsi.login_timeout %v: want a positive duration (0: default 15s)", time.Duration(c.LoginTimeout))
 	}
 	return errs
 }

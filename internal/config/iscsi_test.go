@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestISCSIConfig(t *testing.T) {
@@ -24,6 +25,10 @@ func TestISCSIConfig(t *testing.T) {
 	if got := ic.TargetName(); got != "iqn.2026-11.org.vmsan:host-1" {
 		t.Fatalf("IQN %q", got)
 	}
+	lim, err := Parse([]byte("iscsi: {enable: true, login_timeout: 5s, max_pending_logins: 16, dataout_timeout: 10s}\n"))
+	if err != nil || lim.ISCSI.LoginTimeout != Duration(5*time.Second) || lim.ISCSI.MaxPendingLogins != 16 || lim.ISCSI.DataOutTimeout != Duration(10*time.Second) {
+		t.Fatalf("login_timeout, max_pending_logins, dataout_timeout: %+v, %v", lim.ISCSI, err)
+	}
 	on, err := Parse([]byte("iscsi: {enable: true}\n"))
 	if err != nil || !on.ISCSI.Enabled() || len(on.ISCSI.Portals()) != 1 || on.ISCSI.Portals()[0].Addr != DefaultISCSIListen {
 		t.Fatalf("enable without listen: %+v, %v", on.ISCSI, err)
@@ -41,6 +46,8 @@ func TestISCSIConfig(t *testing.T) {
 		{"iscsi: {initiators: [bob]}", "not an iSCSI name"},
 		{"iscsi: {iqn: \"IQN.upper\"}", "not an iSCSI name"},
 		{"iscsi: {targets: [{auth: {user: u, secret: \"twelve-bytes\"}}]}", "volume is required"},
+		{"iscsi: {max_pending_logins: -1}", "iscsi.max_pending_logins -1"},
+		{"iscsi: {login_timeout: -1s}", "iscsi.login_timeout"},
 	} {
 		if _, err := Parse([]byte(c.yaml)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: error %v, want %q", c.yaml, err, c.want)

@@ -56,7 +56,8 @@ func (d *Daemon) startControl() error {
 		registerPprof(mux)
 	}
 	d.ctlMux = mux
-	d.ctlSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	d.ctlSrv = &http.Server{Handler: withBodyDeadline(mux), ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: controlIdleTimeout, MaxHeaderBytes: 64 << 10, ErrorLog: httpErrorLog(d.log)}
 	d.ctlSrv.RegisterOnShutdown(func() { close(d.eventsStop) })
 	return nil
 }

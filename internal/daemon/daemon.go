@@ -58,6 +58,7 @@ import (
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -124,7 +125,10 @@ type Daemon struct {
 	ctlSrv    *http.Server
 	ctlMux    *http.ServeMux
 	metricsLn net.Listener
-	metrics   *http.Server
+	// metricsServed is metricsLn as served: accept errors retried,
+	// connections capped (limits.go).
+	metricsServed net.Listener
+	metrics       *http.Server
 
 	statusMu sync.Mutex
 	statusFn map[string]func() any
@@ -686,12 +690,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}(fe)
 	}
-	go d.ctlSrv.Serve(d.ctlLn)
+	// net/http retries only "temporary" accept errors; the wrapper
+	// retries every error but a close (limits.go).
+	go d.ctlSrv.Serve(netutil.Retry(d.ctlLn, d.log, "control socket"))
 	if d.metrics != nil {
-		go d.metrics.Serve(d.metricsLn)
+		go d.metrics.Serve(d.metricsServed)
 	}
 	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners(),
-		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit))
+		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit),
+		// The Go runtime raised the soft limit to the hard one; the caps
+		// of non-data listeners derive from it (limits.go).
+		"max_open_files", netutil.NofileLimit())
 	var runErr error
 	select {
 	case <-ctx.Done():

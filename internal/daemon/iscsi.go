@@ -222,9 +222,14 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 		MaxSessions:   ic.MaxSessions,
 		NopInterval:   time.Duration(ic.NopInterval),
 		NopTimeout:    time.Duration(ic.NopTimeout),
-		Logger:        d.log,
-		Sessions:      f.sessions,
-		Portals:       f.portals,
+		LoginTimeout:  time.Duration(ic.LoginTimeout),
+		// Connections still logging in are not the data path: they get
+		// at most an eighth of the descriptors (fdShare).
+		MaxPendingLogins: fdShare(ic.MaxPendingLogins, 64, 8),
+		DataOutTimeout:   time.Duration(ic.DataOutTimeout),
+		Logger:           d.log,
+		Sessions:         f.sessions,
+		Portals:          f.portals,
 	})
 	for _, p := range ic.Portals() {
 		ln, err := net.Listen("tcp", p.Addr)
@@ -701,7 +706,7 @@ func (f *iscsiFrontEnd) Stats() volrt.FrontEndStats {
 		Requests:     st.Commands,
 		Clients:      f.sessions.List(),
 		Detail:       st,
-		Refused:      st.SessionsRefused,
+		Refused:      st.SessionsRefused + st.PendingRefused,
 	}
 	fs.LoginFailures = make(map[string]uint64, len(target.LoginFailureReasons))
 	for _, r := range target.LoginFailureReasons {

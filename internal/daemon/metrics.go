@@ -25,7 +25,10 @@ func (d *Daemon) startMetrics() error {
 		registerPprof(mux)
 	}
 	d.metricsLn = ln
-	d.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	d.metricsServed = limitedListener(ln, d, "metrics", fdShare(0, metricsMaxConns, 16))
+	d.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: metricsReadTimeout,
+		WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout, MaxHeaderBytes: 64 << 10,
+		ErrorLog: httpErrorLog(d.log)}
 	return nil
 }
 

@@ -135,6 +135,11 @@ func (b *Budget) TryReserve(n int64) bool {
 	return true
 }
 
+// NoteRefused counts a reservation the caller refused on a policy of its
+// own over this budget (the iSCSI target's share for commands waiting for
+// their data), so Stats' Refused counts every refusal.
+func (b *Budget) NoteRefused() { b.refused.Add(1) }
+
 // Release gives back n bytes taken by Reserve or TryReserve.
 func (b *Budget) Release(n int64) {
 	if n == 0 {

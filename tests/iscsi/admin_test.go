@@ -102,21 +102,11 @@ func (v *vmsan) logText() string {
 	return string(b)
 }
 
-// waitLog waits until the daemon's log contains all of subs on one line.
+// waitLog waits up to 10 s until the daemon's log contains all of subs on
+// one line.
 func (v *vmsan) waitLog(t *testing.T, subs ...string) {
 	t.Helper()
-	waitCond(t, fmt.Sprintf("a log line with %q", subs), 10*time.Second, func() bool {
-		for _, l := range lines(v.logText()) {
-			ok := true
-			for _, s := range subs {
-				ok = ok && strings.Contains(l, s)
-			}
-			if ok {
-				return true
-			}
-		}
-		return false
-	}, v.logTail)
+	v.waitLogLine(t, 10*time.Second, subs...)
 }
 
 // TestClosedByDefault: without CHAP, an ACL or allow_any, every login is

@@ -39,7 +39,9 @@ func TestDaemonWideBudget(t *testing.T) {
 	// The second argument is YAML after the volume list: top-level keys.
 	v := startVmsanIn(t, testutil.DiskTempDir(t),
 		fmt.Sprintf("inflight_budget: %d\nmax_connections: %d\n", budgetTotal, maxNBDConns),
-		fmt.Sprintf("    auth: {user: %s, secret: %q}\n    max_sessions: %d\n", rawUser, rawSecret, maxSessions))
+		// The hogs withhold their last burst for the whole test: no
+		// Data-Out timeout here (TestWithheldDataOut's).
+		fmt.Sprintf("    auth: {user: %s, secret: %q}\n    max_sessions: %d\n    dataout_timeout: 10m\n", rawUser, rawSecret, maxSessions))
 	pid := v.cmd.Process.Pid
 	rss0 := procStatusKiB(t, pid, "VmRSS")
 	used := func() float64 { return scrape(t, v.metrics)["vmsan_inflight_budget_used_bytes"] }

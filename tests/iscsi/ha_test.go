@@ -42,6 +42,14 @@ func freeLoop(t *testing.T) string {
 // waitAddr accepts connections.
 func startProc(t *testing.T, dir, cfg, waitAddr string) *proc {
 	t.Helper()
+	return startProcNofile(t, dir, cfg, waitAddr, 0)
+}
+
+// startProcNofile is startProc with the process's RLIMIT_NOFILE (soft and
+// hard) set to nofile through prlimit(1) (0: inherited), so that a test
+// can exhaust its file descriptors with a few hundred connections.
+func startProcNofile(t *testing.T, dir, cfg, waitAddr string, nofile int) *proc {
+	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -55,6 +63,10 @@ func startProc(t *testing.T, dir, cfg, waitAddr string) *proc {
 	}
 	p := &proc{dir: dir, log: logf, done: make(chan struct{})}
 	p.cmd = exec.Command(vmsanBin, "serve", "--config", cf)
+	if nofile > 0 {
+		pl := testutil.NeedTool(t, "prlimit")
+		p.cmd = exec.Command(pl, fmt.Sprintf("--nofile=%d:%d", nofile, nofile), "--", vmsanBin, "serve", "--config", cf)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

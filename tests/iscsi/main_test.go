@@ -66,6 +66,13 @@ func startVmsan(t *testing.T, iscsiYAML string) *vmsan {
 // and extra volume entries (YAML list items, indented by two spaces).
 func startVmsanIn(t *testing.T, dir, volumesYAML, iscsiYAML string) *vmsan {
 	t.Helper()
+	return startVmsanNofile(t, dir, volumesYAML, iscsiYAML, 0)
+}
+
+// startVmsanNofile is startVmsanIn with RLIMIT_NOFILE set to nofile
+// (startProcNofile; 0: inherited).
+func startVmsanNofile(t *testing.T, dir, volumesYAML, iscsiYAML string, nofile int) *vmsan {
+	t.Helper()
 	port, err := servers.FreePort()
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +100,7 @@ volumes:
     listen: ["%s"]
     node_name: test
 %s`, filepath.Join(dir, "data"), nbdPort, metrics, volSize, volumesYAML, addr, iscsiYAML)
-	v := &vmsan{proc: startProc(t, dir, cfg, addr), addr: addr, nbd: fmt.Sprintf("127.0.0.1:%d", nbdPort), raw: filepath.Join(dir, "data", "volumes", "disk.raw"), metrics: metrics}
+	v := &vmsan{proc: startProcNofile(t, dir, cfg, addr, nofile), addr: addr, nbd: fmt.Sprintf("127.0.0.1:%d", nbdPort), raw: filepath.Join(dir, "data", "volumes", "disk.raw"), metrics: metrics}
 	// Registered after startProc's cleanup, so it runs first and reports
 	// a daemon that does not drain.
 	t.Cleanup(func() { v.stop(t) })

@@ -85,6 +85,7 @@ type node struct {
 	nbd      string
 	replAddr string
 	config   string // if set, started with --config
+	nofile   int    // if set, RLIMIT_NOFILE (soft and hard) through prlimit(1)
 	cmd      *exec.Cmd
 	exited   chan struct{}
 }
@@ -109,6 +110,10 @@ func (n *node) start() {
 		args = append(args, "--config", n.config)
 	}
 	n.cmd = exec.Command(vmsanBin, args...)
+	if n.nofile > 0 {
+		pl := testutil.NeedTool(n.t, "prlimit")
+		n.cmd = exec.Command(pl, append([]string{fmt.Sprintf("--nofile=%d:%d", n.nofile, n.nofile), "--", vmsanBin}, args...)...)
+	}
 	n.cmd.Stdout, n.cmd.Stderr = logf, logf
 	if err := n.cmd.Start(); err != nil {
 		n.t.Fatal(err)
@@ -227,6 +232,7 @@ type pairOpts struct {
 	protocol   string
 	splitBrain string
 	extra      []string // more `repl configure` flags for both (later flags win)
+	nofileB    int      // b's RLIMIT_NOFILE (0: inherited)
 }
 
 // newPair: a is primary and dials b through the fault proxy; b accepts.
@@ -239,7 +245,7 @@ func newPair(t *testing.T, o pairOpts) *pairT {
 	base := t.TempDir()
 	p := &pairT{}
 	p.a = &node{t: t, name: "a", dir: filepath.Join(base, "a"), nbd: freeAddr(t), replAddr: freeAddr(t)}
-	p.b = &node{t: t, name: "b", dir: filepath.Join(base, "b"), nbd: freeAddr(t), replAddr: freeAddr(t)}
+	p.b = &node{t: t, name: "b", dir: filepath.Join(base, "b"), nbd: freeAddr(t), replAddr: freeAddr(t), nofile: o.nofileB}
 	var err error
 	p.px, err = faultproxy.New("127.0.0.1:0", p.b.replAddr)
 	if err != nil {

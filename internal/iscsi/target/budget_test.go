@@ -17,7 +17,9 @@ import (
 func TestDaemonBudgetAndMaxSessions(t *testing.T) {
 	var global volrt.Budget
 	global.Init(1 << 20)
-	ts := startServer(t, func(c *Config, _ *Target) { c.Budget, c.MaxSessions = &global, 2 })
+	// The whole budget may wait for data here (the awaiting share is
+	// TestAwaitingDataShare's).
+	ts := startServer(t, func(c *Config, _ *Target) { c.Budget, c.MaxSessions, c.AwaitingDataShare = &global, 2, 1 })
 	write := func(i *ini, itt uint32) {
 		i.send(&pdu.SCSICommand{Final: true, Write: true, ITT: itt, ExpectedDataTransferLength: 512 << 10, CmdSN: i.cmdSN, CDB: writeCDB(0, 1024)}, nil)
 		i.cmdSN++
@@ -87,7 +89,7 @@ func TestDaemonBudgetAndMaxSessions(t *testing.T) {
 func TestDaemonBudgetImmediateData(t *testing.T) {
 	var global volrt.Budget
 	global.Init(1 << 20)
-	ts := startServer(t, func(c *Config, _ *Target) { c.Budget = &global })
+	ts := startServer(t, func(c *Config, _ *Target) { c.Budget, c.AwaitingDataShare = &global, 1 })
 	i := dial(t, ts.addr)
 	i.login("InitialR2T", "Yes", "ImmediateData", "Yes")
 	data := make([]byte, 512<<10)
@@ -139,5 +141,80 @@ func TestDaemonBudgetImmediateData(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatalf("budget used %d after the first write completed, want 512 KiB", global.Used())
 		}
+	}
+}
+
+// TestAwaitingDataShare: commands waiting for their write data hold at
+// most AwaitingDataShare of Config.Budget together (a second one past it
+// is refused, though the budget has room); a command without write data
+// and with a small data-in (INQUIRY) is answered even with the budget
+// spent, while a READ is not; a write whose Data-Out does not come within
+// DataOutTimeout closes its connection, which gives its budget back.
+func TestAwaitingDataShare(t *testing.T) {
+	var global volrt.Budget
+	global.Init(2 << 20)
+	ts := startServer(t, func(c *Config, _ *Target) {
+		c.Budget, c.DataOutTimeout, c.NopInterval = &global, 300*time.Millisecond, -1
+	})
+	status := func(i *ini, itt uint32) pdu.SCSIStatus {
+		t.Helper()
+		for {
+			f := i.recv()
+			switch h := f.Header.(type) {
+			case *pdu.SCSIResponse:
+				if h.ITT == itt {
+					return h.Status
+				}
+			case *pdu.DataIn:
+				if h.ITT == itt && h.HasStatus {
+					return h.Status
+				}
+			}
+		}
+	}
+	a := dial(t, ts.addr)
+	a.login("InitialR2T", "Yes", "ImmediateData", "No")
+	a.send(&pdu.SCSICommand{Final: true, Write: true, ITT: 1, ExpectedDataTransferLength: 1 << 20, CmdSN: a.cmdSN, CDB: writeCDB(0, 2048)}, nil)
+	a.cmdSN++
+	expect[*pdu.R2T](a)
+	a.send(&pdu.SCSICommand{Final: true, Write: true, ITT: 2, ExpectedDataTransferLength: 512 << 10, CmdSN: a.cmdSN, CDB: writeCDB(0, 1024)}, nil)
+	a.cmdSN++
+	if st := status(a, 2); st != pdu.StatusTaskSetFull {
+		t.Fatalf("second waiting write past the awaiting share: %v, want TASK SET FULL", st)
+	}
+	if u := global.Used(); u != 1<<20 {
+		t.Fatalf("budget used %d, want 1 MiB", u)
+	}
+	// Another front end takes the rest of the budget.
+	global.Reserve(1 << 20)
+	defer global.Release(1 << 20)
+	b := dial(t, ts.addr)
+	b.isid = pdu.ISID{0x80, 0, 0, 0, 0, 2}
+	b.login()
+	inq := [16]byte{0x12, 0, 0, 0, 255}
+	b.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 1, ExpectedDataTransferLength: 255, CmdSN: b.cmdSN, CDB: inq}, nil)
+	b.cmdSN++
+	if st := status(b, 1); st != pdu.StatusGood {
+		t.Fatalf("INQUIRY with the budget spent: %v, want GOOD", st)
+	}
+	b.send(&pdu.SCSICommand{Final: true, Read: true, ITT: 2, ExpectedDataTransferLength: 64 << 10, CmdSN: b.cmdSN, CDB: readCDB(0, 128)}, nil)
+	b.cmdSN++
+	if st := status(b, 2); st != pdu.StatusBusy {
+		t.Fatalf("READ with the budget spent: %v, want BUSY", st)
+	}
+	// a never sends the Data-Out: closed after DataOutTimeout.
+	a.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for {
+		if _, err := a.rd.Read(); err != nil {
+			break
+		}
+	}
+	for end := time.Now().Add(10 * time.Second); global.Used() != 1<<20; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("budget used %d after the withholding session closed, want 1 MiB (the other front end's)", global.Used())
+		}
+	}
+	if st := ts.srv.Stats(); st.DataOutTimeouts != 1 || st.AwaitingData != 0 {
+		t.Fatalf("DataOutTimeouts %d, AwaitingData %d; want 1, 0", st.DataOutTimeouts, st.AwaitingData)
 	}
 }

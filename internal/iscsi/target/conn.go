@@ -103,6 +103,7 @@ func (c *conn) serve() {
 	c.lastRecv.Store(time.Now().UnixNano())
 	c.nc.SetDeadline(time.Now().Add(c.s.cfg.LoginTimeout))
 	ss := c.login()
+	c.s.pending.Add(-1) // logged in or refused: no longer pending
 	if ss == nil {
 		return
 	}

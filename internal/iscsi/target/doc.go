@@ -41,7 +41,15 @@
 // shared with other front ends) bounds the same bytes (a command that
 // does not fit is answered TASK SET FULL, or BUSY when its session has
 // nothing in flight; the reader never waits for memory) and
-// Config.MaxSessions the sessions (login status 0302 past it).
+// Config.MaxSessions the sessions (login status 0302 past it). Commands
+// still waiting for write data hold at most Config.AwaitingDataShare of
+// Config.Budget together, and one that waits Config.DataOutTimeout for
+// its next Data-Out closes its connection (ERL 0), so initiators that
+// withhold data cannot pin the budget; commands without write data and
+// with a small data-in (INQUIRY, TEST UNIT READY...) take nothing of it.
+// Connections still logging in are capped (Config.MaxPendingLogins) and
+// bounded in time (Config.LoginTimeout); accept errors are retried
+// (netutil.Retry), never the end of a portal.
 //
 // Data path: the reader reads write data straight into the command's
 // pooled buffer (session.dataBuffer), and the writer gathers queued PDUs

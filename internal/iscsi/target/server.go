@@ -14,6 +14,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/iscsi/chap"
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/scsi"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
@@ -138,9 +139,30 @@ type Config struct {
 	// holds execute over newer data when it returns.
 	NopInterval time.Duration
 	NopTimeout  time.Duration
-	// LoginTimeout bounds the login phase (default 15s).
+	// LoginTimeout bounds the login phase (default 15s): a connection
+	// that has not reached full feature phase by then is closed.
 	LoginTimeout time.Duration
-	Logger       *slog.Logger
+	// MaxPendingLogins bounds the connections accepted and still logging
+	// in (default 64): past it a new connection is closed at once, so
+	// connections that never log in (a flood of silent TCP connections)
+	// hold at most this many file descriptors, each for at most
+	// LoginTimeout.
+	MaxPendingLogins int
+	// DataOutTimeout is how long a command may wait for the next part of
+	// its write data (after an R2T, or for announced unsolicited data)
+	// before the connection is closed (default 3s, LIO's dataout_timeout;
+	// negative: never). At ErrorRecoveryLevel 0 that ends the session and
+	// releases its in-flight budget: an initiator that announces writes
+	// and withholds their data cannot pin the daemon's memory budget.
+	DataOutTimeout time.Duration
+	// AwaitingDataShare bounds, as a fraction of Budget's limit (default
+	// 1/2), what the commands of all sessions that are still waiting for
+	// their write data may hold together: past it such a command is
+	// answered BUSY or TASK SET FULL (unless none is waiting). Data that
+	// has arrived is no longer waiting; the rest of the budget stays for
+	// other front ends, reads and writes whose data is in.
+	AwaitingDataShare float64
+	Logger            *slog.Logger
 	// Sessions receives the clients (one entry per session and volume).
 	Sessions *volrt.Sessions
 	// Rand is the CHAP challenge source (default crypto/rand).
@@ -166,6 +188,9 @@ const (
 // scheduling.
 const SafeNopTotal = 2500 * time.Millisecond
 
+// DefaultDataOutTimeout is Config.DataOutTimeout's default.
+const DefaultDataOutTimeout = 3 * time.Second
+
 func (c *Config) setDefaults() {
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -179,6 +204,7 @@ func (c *Config) setDefaults() {
 	def(&c.MaxOutstandingR2T, 8)
 	def(&c.MaxTransfer, 32<<20)
 	def(&c.MaxSessions, 256)
+	def(&c.MaxPendingLogins, 64)
 	c.MaxRecvDataSegmentLength = min(max(c.MaxRecvDataSegmentLength, 512), pdu.MaxDataSegmentLength)
 	c.MaxBurstLength = min(max(c.MaxBurstLength, 512), pdu.MaxDataSegmentLength)
 	c.FirstBurstLength = min(max(c.FirstBurstLength, 512), c.MaxBurstLength)
@@ -193,6 +219,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.LoginTimeout <= 0 {
 		c.LoginTimeout = 15 * time.Second
+	}
+	if c.DataOutTimeout == 0 {
+		c.DataOutTimeout = DefaultDataOutTimeout
+	}
+	if c.AwaitingDataShare <= 0 || c.AwaitingDataShare > 1 {
+		c.AwaitingDataShare = 0.5
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -228,6 +260,14 @@ type Stats struct {
 	// daemon-wide budget was spent.
 	SessionsRefused uint64 `json:"sessions_refused"`
 	BudgetRefused   uint64 `json:"budget_refused"`
+	// PendingRefused counts connections closed at accept because
+	// MaxPendingLogins connections were logging in; DataOutTimeouts
+	// connections closed for DataOutTimeout.
+	PendingRefused  uint64 `json:"pending_logins_refused"`
+	DataOutTimeouts uint64 `json:"dataout_timeouts"`
+	// AwaitingData is what commands waiting for write data hold of the
+	// daemon-wide budget now.
+	AwaitingData int64 `json:"awaiting_data_bytes"`
 }
 
 // errTooManySessions refuses a login past Config.MaxSessions.
@@ -262,12 +302,21 @@ type Server struct {
 	accepted, logins, loginFailures, commands, checks, rejects atomic.Uint64
 	bytesRead, bytesWritten, reinstated, nopTimeouts           atomic.Uint64
 	sessionsRefused, budgetRefused                             atomic.Uint64
+	pendingRefused, dataOutTimeouts                            atomic.Uint64
 	active                                                     atomic.Int64
-	statusMu                                                   sync.Mutex
-	loginStatuses                                              map[string]uint64 // under statusMu
-	loginReasons                                               map[string]uint64 // under statusMu
-	discAuth                                                   atomic.Pointer[CHAP]
-	refusalLog                                                 volrt.RateLog
+	// pending counts connections accepted and not yet past login
+	// (MaxPendingLogins).
+	pending    atomic.Int64
+	pendingLog volrt.RateLog
+	// awaiting is the budget held by commands still waiting for write
+	// data, over all sessions (AwaitingDataShare).
+	awaiting      atomic.Int64
+	awaitLimit    int64 // 0: none (no daemon-wide budget)
+	statusMu      sync.Mutex
+	loginStatuses map[string]uint64 // under statusMu
+	loginReasons  map[string]uint64 // under statusMu
+	discAuth      atomic.Pointer[CHAP]
+	refusalLog    volrt.RateLog
 }
 
 // logRefusal logs a login refused for a limit, at most once per 10 s.
@@ -285,7 +334,25 @@ func New(cfg Config) *Server {
 		sessions: map[sessionKey]*session{}, byTSIH: map[uint16]*session{}, loginStatuses: map[string]uint64{},
 		loginReasons: map[string]uint64{}}
 	s.discAuth.Store(cfg.DiscoveryAuth)
+	if cfg.Budget != nil {
+		s.awaitLimit = int64(float64(cfg.Budget.Stats().Limit) * cfg.AwaitingDataShare)
+	}
 	return s
+}
+
+// takeAwaiting counts n more bytes held by commands waiting for write
+// data if they fit in the awaiting share, or if none is waiting (so a
+// command as large as the share can always be admitted, alone).
+func (s *Server) takeAwaiting(n int64) bool {
+	for {
+		cur := s.awaiting.Load()
+		if s.awaitLimit > 0 && cur > 0 && cur+n > s.awaitLimit {
+			return false
+		}
+		if s.awaiting.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
 }
 
 // Serve accepts connections on ln, a portal of portal group tag tpgt,
@@ -301,6 +368,9 @@ func (s *Server) Serve(ln net.Listener, tpgt uint16) error { return s.ServePort(
 // Identifiers must be unique per target, and across the nodes of a
 // replicated pair (both report one logical unit).
 func (s *Server) ServePort(ln net.Listener, tpgt, rel uint16) error {
+	// An accept error (EMFILE when the process ran out of descriptors,
+	// ...) is logged and retried, never the end of the portal.
+	ln = netutil.Retry(ln, s.cfg.Logger, "iscsi")
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -314,7 +384,6 @@ func (s *Server) ServePort(ln net.Listener, tpgt, rel uint16) error {
 		relPort = uint16(len(s.lnOrder))
 	}
 	s.mu.Unlock()
-	var delay time.Duration
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
@@ -324,20 +393,24 @@ func (s *Server) ServePort(ln net.Listener, tpgt, rel uint16) error {
 			if closed {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
-				continue
-			}
 			return err
 		}
-		delay = 0
 		s.accepted.Add(1)
+		if s.pending.Add(1) > int64(s.cfg.MaxPendingLogins) {
+			s.pending.Add(-1)
+			s.pendingRefused.Add(1)
+			if ok, n := s.pendingLog.Allow(); ok {
+				s.cfg.Logger.Warn("iscsi: connection refused: too many connections logging in (iscsi.max_pending_logins)",
+					"remote", nc.RemoteAddr().String(), "max_pending_logins", s.cfg.MaxPendingLogins, "refused_since_last_line", n)
+			}
+			nc.Close()
+			continue
+		}
 		c := newConn(s, nc, tpgt, relPort)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
+			s.pending.Add(-1)
 			nc.Close()
 			return ErrServerClosed
 		}
@@ -419,6 +492,7 @@ func (s *Server) Stats() Stats {
 		CheckStatus: s.checks.Load(), Rejects: s.rejects.Load(), BytesRead: s.bytesRead.Load(),
 		BytesWritten: s.bytesWritten.Load(), Reinstated: s.reinstated.Load(), NopTimeouts: s.nopTimeouts.Load(),
 		SessionsRefused: s.sessionsRefused.Load(), BudgetRefused: s.budgetRefused.Load(),
+		PendingRefused: s.pendingRefused.Load(), DataOutTimeouts: s.dataOutTimeouts.Load(), AwaitingData: s.awaiting.Load(),
 		LoginStatuses: map[string]uint64{}, LoginFailureReasons: map[string]uint64{}}
 	s.statusMu.Lock()
 	for k, v := range s.loginStatuses {

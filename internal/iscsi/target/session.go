@@ -2,6 +2,7 @@ package target
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -64,15 +65,22 @@ type session struct {
 
 // task is one SCSI command in the session.
 type task struct {
-	itt       uint32
-	rawLUN    uint64
-	lun       uint64
-	counted   bool // took a CmdSN slot (non-immediate)
-	cdb       []byte
-	attr      uint8
-	expOut    uint32
-	expIn     uint32
-	budget    int64
+	itt     uint32
+	rawLUN  uint64
+	lun     uint64
+	counted bool // took a CmdSN slot (non-immediate)
+	cdb     []byte
+	attr    uint8
+	expOut  uint32
+	expIn   uint32
+	budget  int64 // of the session's budget (SessionBudget)
+	global  int64 // of the daemon-wide budget (Config.Budget)
+	// awaiting is what the task counts in Server.awaiting while it waits
+	// for write data (0 once the data is in or the task ended), and
+	// lastData (unix nanos) when it was created or last got a Data-Out:
+	// the Data-Out timeout counts from there. Both under session.mu.
+	awaiting  int64
+	lastData  int64
 	buf       []byte  // data-out: all expOut bytes, (*bufp)[:expOut]
 	bufp      *[]byte // buf's pool handle (volrt.GetBuf)
 	received  uint32
@@ -182,6 +190,11 @@ func (ss *session) run() {
 	c := ss.c
 	if !ss.discovery {
 		c.rd.DataBuffer = ss.dataBuffer
+		if to := ss.s.cfg.DataOutTimeout; to > 0 {
+			stop := make(chan struct{})
+			defer close(stop)
+			go ss.dataOutWatch(to, stop)
+		}
 	}
 	defer ss.dropImm()
 	for {
@@ -203,6 +216,50 @@ func (ss *session) run() {
 		c.busy.Store(false)
 		if err != nil {
 			c.s.cfg.Logger.Info("iscsi: closing connection", "remote", c.log(), "initiator", ss.nexus.InitiatorName, "why", err)
+			return
+		}
+	}
+}
+
+// dataOutWatch closes the connection when a command has waited longer
+// than to for the next part of its write data (Config.DataOutTimeout):
+// at ErrorRecoveryLevel 0 there is no recovery R2T, and the session's
+// end releases what it held. Silence counts only while the reader waits
+// on the socket (as for the pinger): a reader held up by its own
+// backpressure is not reading the Data-Outs.
+func (ss *session) dataOutWatch(to time.Duration, stop chan struct{}) {
+	tick := time.NewTicker(max(to/8, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-tick.C:
+			if ss.c.busy.Load() {
+				continue
+			}
+			ss.mu.Lock()
+			var late *task
+			for _, t := range ss.tasks {
+				if t.awaiting != 0 && !t.executing && !t.aborted && now.UnixNano()-t.lastData > to.Nanoseconds() {
+					late = t
+					break
+				}
+			}
+			var itt, got, want uint32
+			if late != nil {
+				itt, got, want = late.itt, late.received, late.expOut
+			}
+			ss.mu.Unlock()
+			if late == nil {
+				continue
+			}
+			ss.s.dataOutTimeouts.Add(1)
+			ss.s.cfg.Logger.Warn("iscsi: no Data-Out for a write within dataout_timeout; closing the connection",
+				"remote", ss.c.log(), "initiator", ss.nexus.InitiatorName, "isid", fmt.Sprintf("%x", ss.isid[:]),
+				"tsih", ss.tsih, "target", ss.target.Name, "itt", itt, "received", got, "expected", want,
+				"dataout_timeout", to)
+			ss.c.abort()
 			return
 		}
 	}
@@ -424,6 +481,10 @@ func senseFixed(key, asc, ascq byte) []byte {
 	return s
 }
 
+// noBudgetIn is the largest data-in of a command without write data that
+// takes nothing of the daemon-wide budget (see command).
+const noBudgetIn = 4096
+
 func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	counted := false
 	if !h.Immediate {
@@ -505,19 +566,26 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		return answer(0x02, senseFixed(0x05, 0x24, 0x00)) // ILLEGAL REQUEST, INVALID FIELD IN CDB
 	}
 	need := int64(t.expOut) + int64(t.expIn)
+	// A command that moves no write data and at most noBudgetIn bytes of
+	// read data (INQUIRY, TEST UNIT READY, READ CAPACITY, MODE SENSE,
+	// REPORT LUNS...) takes nothing of the daemon-wide budget: it stays
+	// answerable however the budget is used (bounded per session by the
+	// CmdSN window times noBudgetIn).
+	global := need
+	if t.expOut == 0 && t.expIn <= noBudgetIn {
+		global = 0
+	}
+	// A write whose data is not all here yet (R2T, or unsolicited
+	// Data-Out to come) waits for the initiator: over all sessions such
+	// commands hold at most the awaiting share of the daemon budget, so
+	// initiators that withhold data cannot take the rest.
+	waits := t.expOut > uint32(len(f.Data))
 	ss.mu.Lock()
 	if ss.used > 0 && ss.used+need > ss.s.cfg.SessionBudget {
 		ss.mu.Unlock()
 		return answer(0x08, nil) // BUSY: the initiator retries
 	}
-	// The reader may already hold part of it for the immediate data
-	// (dataBuffer); the task takes that over.
-	held := min(ss.immRes, need)
-	if g := ss.s.cfg.Budget; g != nil && need > held && !g.TryReserve(need-held) {
-		// The daemon-wide budget is spent (by other sessions or front
-		// ends). Not waiting: the reader must keep reading this
-		// session's Data-Outs, NOP-Outs and task management, or two
-		// sessions each waiting for the other's memory would deadlock.
+	refuse := func() error {
 		// SAM-5 5.3: TASK SET FULL when the nexus has commands in the
 		// task set (Linux then lowers the queue depth), BUSY when it has
 		// none; both are retried by the initiator.
@@ -529,9 +597,32 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		}
 		return answer(0x28, nil) // TASK SET FULL
 	}
+	if waits && global > 0 && !ss.s.takeAwaiting(global) {
+		if g := ss.s.cfg.Budget; g != nil {
+			g.NoteRefused()
+		}
+		return refuse()
+	}
+	// The reader may already hold part of it for the immediate data
+	// (dataBuffer); the task takes that over.
+	held := min(ss.immRes, global)
+	if g := ss.s.cfg.Budget; g != nil && global > held && !g.TryReserve(global-held) {
+		// The daemon-wide budget is spent (by other sessions or front
+		// ends). Not waiting: the reader must keep reading this
+		// session's Data-Outs, NOP-Outs and task management, or two
+		// sessions each waiting for the other's memory would deadlock.
+		if waits && global > 0 {
+			ss.s.awaiting.Add(-global)
+		}
+		return refuse()
+	}
+	if waits && global > 0 {
+		t.awaiting = global
+	}
+	t.lastData = nowNano()
 	ss.immRes -= held // the rest, if any, dropImm gives back
 	ss.used += need
-	t.budget = need
+	t.budget, t.global = need, global
 	ss.tasks[t.itt] = t
 	if t.expOut > 0 {
 		if p := ss.immBuf; p != nil && len(*p) == int(t.expOut) {
@@ -564,11 +655,21 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 // releaseBudget gives back what t holds of the session's and the
 // daemon's budgets; a second call does nothing. REQUIRES: mu.
 func (ss *session) releaseBudget(t *task) {
+	ss.doneAwaiting(t)
 	ss.used -= t.budget
 	if g := ss.s.cfg.Budget; g != nil {
-		g.Release(t.budget)
+		g.Release(t.global)
 	}
-	t.budget = 0
+	t.budget, t.global = 0, 0
+}
+
+// doneAwaiting ends t's count in Server.awaiting (its data is in, or it
+// ended); a second call does nothing. REQUIRES: mu.
+func (ss *session) doneAwaiting(t *task) {
+	if t.awaiting != 0 {
+		ss.s.awaiting.Add(-t.awaiting)
+		t.awaiting = 0
+	}
 }
 
 // moreR2Ts creates the R2Ts the task may have outstanding. REQUIRES: mu.
@@ -652,7 +753,11 @@ func (ss *session) dataOut(h *pdu.DataOut, f pdu.Frame, corrupt bool) error {
 		copy(dst, f.Data) // not read in place (dataBuffer)
 	}
 	t.received += n
+	t.lastData = nowNano()
 	ready := t.received == t.expOut
+	if ready {
+		ss.doneAwaiting(t)
+	}
 	ss.mu.Unlock()
 	ss.sendR2Ts(more)
 	if ready {

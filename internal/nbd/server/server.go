@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -166,6 +167,10 @@ var ErrServerClosed = errors.New("nbd server: closed")
 // Serve accepts connections on l until l is closed or Shutdown is called.
 // It returns ErrServerClosed after Shutdown, otherwise the accept error.
 func (s *Server) Serve(l net.Listener) error {
+	// Accept errors other than a close (EMFILE, ...) are transient: the
+	// wrapper logs them (rate-limited) and retries with backoff, so the
+	// listener keeps serving once the resource is back.
+	l = netutil.Retry(l, s.log, "nbd")
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -179,7 +184,6 @@ func (s *Server) Serve(l net.Listener) error {
 		delete(s.listeners, l)
 		s.mu.Unlock()
 	}()
-	var delay time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -189,17 +193,8 @@ func (s *Server) Serve(l net.Listener) error {
 			if closing {
 				return ErrServerClosed
 			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			// Anything else (EMFILE, ECONNABORTED, ...) is treated as
-			// transient: back off rather than spin, and keep serving.
-			s.log.Warn("nbd: accept failed, retrying", "err", err)
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			time.Sleep(delay)
-			continue
+			return err
 		}
-		delay = 0
 		s.connWG.Add(1)
 		go func() {
 			defer s.connWG.Done()

@@ -50,6 +50,7 @@ import (
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/repl"
 )
 
@@ -287,7 +288,10 @@ func Start(o Options) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
 	}
-	r.ln = ln
+	// Accept errors (EMFILE while another listener is flooded, ...) are
+	// logged and retried: the accept loop must outlive them, or the peer
+	// could never connect again.
+	r.ln = netutil.Retry(ln, r.log, "repl "+o.Name)
 	r.node.Listen()
 	r.process()
 	r.publish()

@@ -41,6 +41,16 @@ See docs/bench.md.`,
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg.Target = args[0]
 			o := &cfg.Options
+			// 0 means "the profile's default" inside the bench package;
+			// on the command line it is a mistake, not QD1.
+			for _, n := range []struct {
+				name string
+				v    int
+			}{{"iodepth", o.Job.QD}, {"jobs", o.Job.Jobs}} {
+				if c.Flags().Changed(n.name) && n.v < 1 {
+					return fmt.Errorf("--%s %d: must be at least 1", n.name, n.v)
+				}
+			}
 			var err error
 			parseSz := func(name, v string, dst *int64) {
 				if err == nil && v != "" {

@@ -47,7 +47,7 @@ logged and ignored.`,
 				return err
 			}
 			if printConfig {
-				b, err := cfg.Marshal()
+				b, err := cfg.MarshalMasked() // secrets are never printed
 				if err != nil {
 					return err
 				}
@@ -84,7 +84,7 @@ logged and ignored.`,
 	f.StringVar(&fl.tlsCert, "tls-cert", "", "server certificate (PEM)")
 	f.StringVar(&fl.tlsKey, "tls-key", "", "server private key (PEM)")
 	f.StringVar(&fl.tlsCA, "tls-ca", "", "CA bundle: when set, clients must present a certificate it signed")
-	f.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML and exit")
+	f.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML (secrets masked) and exit")
 	rootCmd.AddCommand(cmd)
 }
 

@@ -90,6 +90,10 @@ func finishTree(root *cobra.Command) {
 	root.InitDefaultCompletionCmd()
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
+		// Cobra defaults the distance only on the root command.
+		if c.SuggestionsMinimumDistance <= 0 {
+			c.SuggestionsMinimumDistance = 2
+		}
 		if c.HasSubCommands() && c.Run == nil && c.RunE == nil {
 			c.Args = unknownSubcommand
 			c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }

@@ -21,12 +21,15 @@ func init() {
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Serve volumes over NBD (with no flags: ./vmsan-data, 127.0.0.1:10809, a 10 GiB volume \"default\")",
+		Short: "Serve volumes over NBD (with no flags: ./vmsan-data, 127.0.0.1:10809, a 10 GiB volume \"default\" in a directory without volumes)",
 		Long: `Serve the volumes of a data directory over NBD.
 
 With no arguments: data directory ./vmsan-data, listeners 127.0.0.1:10809 and
 unix:./vmsan-data/nbd.sock, and a 10 GiB sparse volume "default" created if the
-directory has no volumes. Flags override the config file. SIGTERM/SIGINT stop
+directory has no volumes (any --data-dir; not when the config file declares
+volumes or sets no_default_volume: true). Volumes are created only once every
+listener is bound: a start that fails creates nothing. Flags override the
+config file. SIGTERM/SIGINT stop
 accepting, drain in-flight requests, flush every volume and exit 0. SIGHUP
 reloads: the config file and TLS certificate files are read again, new
 volumes are created and exported, and settings that need a restart are

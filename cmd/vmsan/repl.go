@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"time"
 
@@ -40,6 +42,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	def := replset.Defaults()
 	defTicks := def.Ticks()
 	var tickMs, pingInterval, pingTimeout, koTicks, alTicks int
+	var cfgJSON bool
 	configure := &cobra.Command{
 		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT [--role primary|secondary] [--protocol A|B|C]",
 		Short: "Write a volume's replication settings (read by vmsan serve at start)",
@@ -70,6 +73,9 @@ See docs/replication.md for protocols, states and split brain.`,
 			if err != nil {
 				return err
 			}
+			if cfgJSON {
+				return printMaskedJSON(out) // a shared secret is never printed
+			}
 			fmt.Printf("replication of %s: listen %s, peer %s, protocol %s, node id %x (restart vmsan serve to apply)\n",
 				args[0], out.Listen, out.Peer, orDefault(out.Protocol, "C"), out.NodeID)
 			return nil
@@ -90,18 +96,22 @@ See docs/replication.md for protocols, states and split brain.`,
 	f.StringVar(&rate, "resync-rate", "", "resync bandwidth per second (e.g. 100M; empty: unlimited)")
 	f.StringVar(&minRate, "resync-min-rate", "", "with --resync-rate: dynamic control, resync gets the rate minus application writes but at least this")
 	f.BoolVar(&s.Checksum, "checksum-resync", false, "send hashes first and data only where they differ")
+	f.BoolVar(&cfgJSON, "json", false, "print the settings written as JSON")
 
 	var force bool
 	op := func(use, short, path string) *cobra.Command {
-		return &cobra.Command{
+		var asJSON bool
+		c := &cobra.Command{
 			Use: use + " VOLUME", Short: short, Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				if (path == "promote" || path == "demote") && force {
-					return replOp(dataDir, args[0], path+"-force")
+					return replOp(dataDir, args[0], path+"-force", asJSON)
 				}
-				return replOp(dataDir, args[0], path)
+				return replOp(dataDir, args[0], path, asJSON)
 			},
 		}
+		c.Flags().BoolVar(&asJSON, "json", false, "print the resulting status as JSON")
+		return c
 	}
 	promote := op("promote", "Make this node primary for the volume (refused while the peer is primary and connected)", "promote")
 	promote.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
@@ -128,10 +138,11 @@ func replVolumeCommands() []*cobra.Command {
 				if err != nil {
 					return err
 				}
+				asJSON, _ := cmd.Flags().GetBool("json") // the volume command's
 				if force != nil && *force {
-					return replOp(dataDir, args[0], path+"-force")
+					return replOp(dataDir, args[0], path+"-force", asJSON)
 				}
-				return replOp(dataDir, args[0], path)
+				return replOp(dataDir, args[0], path, asJSON)
 			},
 		}
 	}
@@ -153,16 +164,52 @@ func orDefault(s, d string) string {
 
 // replOp posts one replication operation (promote, demote, verify, ...) for
 // volume to the running daemon and prints the volume's resulting status.
-func replOp(dataDir, volume, op string) error {
+func replOp(dataDir, volume, op string, asJSON bool) error {
 	c, err := daemon.Dial(dataDir)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	var st driver.Status
-	if err := c.Do("POST", "/v1/repl/"+volume+"/"+op, nil, &st); err != nil {
+	if err := c.Do("POST", "/v1/repl/"+url.PathEscape(volume)+"/"+op, nil, &st); err != nil {
 		return err
+	}
+	if asJSON {
+		return daemon.PrintJSON(os.Stdout, []driver.Status{st}) // a list, as repl status --json
 	}
 	writeReplTable(os.Stdout, []driver.Status{st})
 	return nil
+}
+
+// printMaskedJSON prints v as JSON with the values of secret-like keys
+// (config.IsSecretKey: secret, shared_secret, password, ...) masked, for
+// output that echoes settings.
+func printMaskedJSON(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var x any
+	if err := json.Unmarshal(b, &x); err != nil {
+		return err
+	}
+	var mask func(any)
+	mask = func(x any) {
+		switch t := x.(type) {
+		case map[string]any:
+			for k, e := range t {
+				if s, ok := e.(string); ok && s != "" && config.IsSecretKey(k) {
+					t[k] = config.Masked
+					continue
+				}
+				mask(e)
+			}
+		case []any:
+			for _, e := range t {
+				mask(e)
+			}
+		}
+	}
+	mask(x)
+	return daemon.PrintJSON(os.Stdout, x)
 }

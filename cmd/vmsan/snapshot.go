@@ -282,7 +282,7 @@ qemu-nbd). Restore with 'vmsan volume import NAME FILE'.
 						}
 					}
 					if src == "" {
-						return fmt.Errorf("%w: snapshot %s", volume.ErrNotFound, args[0])
+						return volume.SnapshotNotFound(args[0])
 					}
 				case viaDaemon:
 					// Named and marked (temporary) so that the daemon's
@@ -320,7 +320,7 @@ qemu-nbd). Restore with 'vmsan volume import NAME FILE'.
 						}
 					}
 					if base == "" {
-						return fmt.Errorf("--since: %w: snapshot %s%s%s", volume.ErrNotFound, vol, volume.SnapSep, expSince)
+						return fmt.Errorf("--since: %w", volume.SnapshotNotFound(vol+volume.SnapSep+expSince))
 					}
 					if err := exportSince(ctx, src, base, size, args[1], expBacking, quiet); err != nil {
 						return err
@@ -643,7 +643,7 @@ func listSnapshots(dataDir string, asJSON bool, args []string) error {
 }
 
 // deleteSnapshot is `vmsan volume delete VOL@SNAP`.
-func deleteSnapshot(dataDir, vol, snap string, force bool) error {
+func deleteSnapshot(dataDir, vol, snap string, force, asJSON bool) error {
 	ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
 	if err != nil {
 		return err
@@ -652,8 +652,42 @@ func deleteSnapshot(dataDir, vol, snap string, force bool) error {
 	if err := ops.(daemon.SnapshotOps).DeleteSnapshot(vol, snap, force); err != nil {
 		return err
 	}
+	if asJSON {
+		return daemon.PrintJSON(os.Stdout, deleted{Deleted: vol + volume.SnapSep + snap, Kind: "snapshot"})
+	}
 	fmt.Printf("deleted snapshot %s%s%s\n", vol, volume.SnapSep, snap)
 	return nil
+}
+
+// snapshotInfo is `vmsan volume info VOL@SNAP`: a snapshot is a
+// first-class name wherever a volume's is read.
+func snapshotInfo(dataDir, vol, snap string, asJSON bool) error {
+	ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	l, err := ops.(daemon.SnapshotOps).ListSnapshots(vol)
+	if err != nil && l == nil {
+		return err
+	}
+	for _, si := range l {
+		if si.Snapshot != snap {
+			continue
+		}
+		if asJSON {
+			return daemon.PrintJSON(os.Stdout, si)
+		}
+		daemon.PrintVolume(os.Stdout, daemon.VolumeInfo{Meta: si.Meta, Path: si.Path, Allocated: si.Allocated, Open: si.Exports > 0, Exports: si.Exports})
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 1, ' ', 0)
+		fmt.Fprintf(tw, "snapshot of:\t%s\n", si.Volume)
+		fmt.Fprintf(tw, "method:\t%s\n", si.Method)
+		if si.Temporary {
+			fmt.Fprintf(tw, "temporary:\ttrue (a command's; removed at the next daemon start)\n")
+		}
+		return tw.Flush()
+	}
+	return volume.SnapshotNotFound(vol + volume.SnapSep + snap)
 }
 
 // exportResult is what `vmsan volume export --json` prints.

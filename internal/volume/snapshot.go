@@ -275,7 +275,7 @@ func (s *Store) getSnapshot(vol, snap string) (SnapMeta, error) {
 	p := s.snapMetaPath(vol, snap)
 	b, err := readBounded(p)
 	if errors.Is(err, fs.ErrNotExist) {
-		return SnapMeta{}, fmt.Errorf("%w: snapshot %s%s%s", ErrNotFound, vol, SnapSep, snap)
+		return SnapMeta{}, SnapshotNotFound(vol + SnapSep + snap)
 	}
 	if err != nil {
 		return SnapMeta{}, err

@@ -129,6 +129,15 @@ type existsError struct{ what string }
 func (e existsError) Error() string        { return e.what + " already exists" }
 func (e existsError) Is(target error) bool { return target == ErrExists }
 
+// SnapshotNotFound is ErrNotFound for the snapshot ref ("VOL@SNAP"):
+// "no snapshot vm1@s1".
+func SnapshotNotFound(ref string) error { return notFoundError{"snapshot " + ref} }
+
+type notFoundError struct{ what string }
+
+func (e notFoundError) Error() string        { return "no " + e.what }
+func (e notFoundError) Is(target error) bool { return target == ErrNotFound }
+
 // Meta is a volume's persistent metadata.
 type Meta struct {
 	Version           int               `json:"version"`

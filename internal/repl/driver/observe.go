@@ -202,7 +202,7 @@ func (o *observer) ackHistogram() ioengine.Histogram {
 // about. REQUIRES: loop.
 func (r *Replica) noteDisconnect(reason string) {
 	var le error
-	if r.obs.linkErr != nil && r.obs.linkErr.Error() == reason {
+	if r.obs.linkErr != nil && linkErrReason(r.obs.linkErr) == reason {
 		le = r.obs.linkErr
 	}
 	r.obs.linkErr = nil

@@ -245,3 +245,46 @@ func TestImportDaemonStopped(t *testing.T) {
 		t.Fatalf("the failed import left its temporary file %v", m)
 	}
 }
+
+// TestExportInterrupted: SIGTERM to `volume export` while it writes the
+// image: it exits 1 saying so, removes the partial image, and deletes its
+// temporary snapshot (the daemon keeps running).
+func TestExportInterrupted(t *testing.T) {
+	tmp := t.TempDir()
+	data := filepath.Join(tmp, "data")
+	randomVolume(t, data, 256<<20)
+	startServe(t, data)
+	out := filepath.Join(tmp, "out.raw")
+	snaps := filepath.Join(data, "snapshots", "v", "tmp-export-*.json")
+	for attempt := 1; ; attempt++ {
+		os.Remove(out)
+		c, msg, done := cliProc(t, "volume", "export", "--data-dir", data, "--copy", "-q", "v", out)
+		if !waitFor(t, snaps, done) {
+			t.Fatalf("export ended before its temporary snapshot was seen:\n%s", msg.String())
+		}
+		// Stopped while it reads the snapshot, the signal is delivered
+		// when it continues: in the middle of the copy.
+		c.Process.Signal(syscall.SIGSTOP)
+		if m, _ := filepath.Glob(snaps); len(m) == 0 {
+			c.Process.Signal(syscall.SIGCONT)
+			<-done
+			if attempt == 5 {
+				t.Fatal("could not stop the export while it read its snapshot in 5 attempts")
+			}
+			continue
+		}
+		c.Process.Signal(syscall.SIGTERM)
+		c.Process.Signal(syscall.SIGCONT)
+		<-done
+		if code := c.ProcessState.ExitCode(); code != 1 || !strings.Contains(msg.String(), "export interrupted") {
+			t.Fatalf("interrupted export: exit %d\n%s", code, msg.String())
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Error("the partial image stayed")
+		}
+		if m, _ := filepath.Glob(filepath.Join(data, "snapshots", "v", "tmp-export-*")); len(m) != 0 {
+			t.Errorf("temporary snapshot left: %v", m)
+		}
+		return
+	}
+}

@@ -326,6 +326,14 @@ qemu-nbd). Restore with 'vmsan volume import NAME FILE'.
 						return err
 					}
 				} else if err := exportFile(ctx, src, size, args[1], expFormat, quiet); err != nil {
+					if ctx.Err() != nil {
+						// SIGINT/SIGTERM: no half-written image stays
+						// (the temporary snapshot is deleted on return).
+						if st, serr := os.Lstat(args[1]); serr == nil && st.Mode().IsRegular() {
+							os.Remove(args[1])
+						}
+						return fmt.Errorf("export interrupted; %s not written", args[1])
+					}
 					return err
 				}
 				if err := setExportMode(args[1], mode); err != nil {

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -648,7 +649,7 @@ func (s *Store) removeSnapshotDebris() {
 			// Whoever holds the directory lock now has no command using
 			// it: commands take temporary snapshots through the daemon
 			// that held the lock then.
-			if sm, err := s.getSnapshot(v.Name(), snap); err == nil && sm.Temporary {
+			if sm, err := s.getSnapshot(v.Name(), snap); err == nil && (sm.Temporary || legacyExportSnapshot.MatchString(snap)) {
 				if err := s.deleteSnapshot(v.Name(), snap); err == nil {
 					s.notice(v.Name(), true, "removed the temporary snapshot %s left by a command that did not finish", sm.Name)
 				} else {
@@ -658,6 +659,11 @@ func (s *Store) removeSnapshotDebris() {
 		}
 	}
 }
+
+// legacyExportSnapshot is the name live exports gave their temporary
+// snapshot before it was marked Temporary (export-TIME-ID): leftovers
+// from then are removed like marked ones.
+var legacyExportSnapshot = regexp.MustCompile(`^export-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$`)
 
 // reconcileRollback completes a rollback a crash interrupted (Open).
 // REQUIRES: s.mu held or Open in progress.

@@ -44,9 +44,9 @@ fio --name=seq4k --ioengine=nbd --uri=nbd://127.0.0.1:$NA/vol --rw=write --bs=4k
 L2=$(cut -d' ' -f1 /proc/loadavg)
 for p in $BPIDS; do kill $p; done
 IOPS=$(sed -n '/^{/,$p' $T/fio.json | jq '.jobs[0].write.iops|floor')
-MA=$($BIN status --json --data-dir $A | jq -c '[.volumes[]|select(.name=="vol")|.engine|[(.mean_write_bytes/1024|floor), .backend_ops, .raw.GatherTimeouts, .raw.Held]][0]')
+MA=$($BIN status --json --data-dir $A | jq -c '[.volumes[]|select(.name=="vol")|.engine|[(.mean_write_bytes/1024|floor), .backend_ops, .raw.gather_timeouts, .raw.held]][0]')
 MB=-
-if [ $REPL = 1 ]; then MB=$($BIN status --json --data-dir $B | jq -c '[.volumes[]|select(.name=="vol")|.engine|[(.mean_write_bytes/1024|floor), .backend_ops, .raw.GatherTimeouts, .raw.Held]][0]'); fi
+if [ $REPL = 1 ]; then MB=$($BIN status --json --data-dir $B | jq -c '[.volumes[]|select(.name=="vol")|.engine|[(.mean_write_bytes/1024|floor), .backend_ops, .raw.gather_timeouts, .raw.held]][0]'); fi
 echo "$LABEL busy=$BUSY repl=$REPL size=$SIZE load=$L..$L2 iops=$IOPS primary_mean_KiB=$MA secondary_mean_KiB=$MB"
 kill $PA $PB 2>/dev/null; wait $PA $PB 2>/dev/null
 rm -rf $T

@@ -40,7 +40,27 @@ See docs/bench.md.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg.Target = args[0]
+			// "vmsan bench compar" would benchmark a new scratch file
+			// named compar: a missing plain name that is close to a
+			// subcommand is a typo of that subcommand.
+			if !strings.ContainsAny(args[0], "/:") {
+				if _, err := os.Stat(args[0]); err != nil {
+					if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+						return usageError{fmt.Sprintf("%s does not exist; did you mean %s %s?", args[0], c.CommandPath(), strings.Join(s, " or "))}
+					}
+				}
+			}
 			o := &cfg.Options
+			// 0 means "the profile's default" inside the bench package;
+			// on the command line it is a mistake, not QD1.
+			for _, n := range []struct {
+				name string
+				v    int
+			}{{"iodepth", o.Job.QD}, {"jobs", o.Job.Jobs}} {
+				if c.Flags().Changed(n.name) && n.v < 1 {
+					return fmt.Errorf("--%s %d: must be at least 1", n.name, n.v)
+				}
+			}
 			var err error
 			parseSz := func(name, v string, dst *int64) {
 				if err == nil && v != "" {

@@ -40,14 +40,14 @@ The free-space trend keeps samples in DATA_DIR/doctor-history.json (one per
 run, at most one a minute); --no-history neither reads nor writes it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o := doctor.Options{DataDir: dataDir, Peer: peer, History: !noHistory}
+			o := doctor.Options{DataDir: dataDir, Peer: peer, History: !noHistory, DataDirGiven: cmd.Flags().Changed("data-dir")}
 			if cfgPath != "" {
 				cfg, err := config.Load(cfgPath)
 				if err != nil {
 					return err
 				}
 				if !cmd.Flags().Changed("data-dir") && cfg.DataDir != "" {
-					o.DataDir = cfg.DataDir
+					o.DataDir, o.DataDirGiven = cfg.DataDir, true
 				}
 				o.Listen = cfg.Listen
 				for _, v := range cfg.Volumes {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -48,6 +50,7 @@ See docs/replication.md for protocols, states and split brain.`,
 	def := replset.Defaults()
 	defTicks := def.Ticks()
 	var tickMs, pingInterval, pingTimeout, koTicks, alTicks int
+	var cfgJSON bool
 	configure := &cobra.Command{
 		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT --shared-secret-file FILE [--role primary|secondary] [--protocol A|B|C]",
 		Short: "Write a volume's replication settings (read by vmsan serve at start)",
@@ -87,6 +90,9 @@ See docs/replication.md for protocols, states and split brain.`,
 			if err != nil {
 				return err
 			}
+			if cfgJSON {
+				return printMaskedJSON(out) // a shared secret is never printed
+			}
 			auth := "shared secret from " + out.SharedSecretFile
 			if out.Insecure {
 				auth = "INSECURE (no peer authentication)"
@@ -114,18 +120,22 @@ See docs/replication.md for protocols, states and split brain.`,
 	f.StringVar(&s.SharedSecretFile, "shared-secret-file", "", "file whose first line is the secret both nodes prove on every replication connection (at least 16 bytes; the same on the peer)")
 	f.BoolVar(&s.Insecure, "insecure", false, "run the link without a shared secret: any process reaching the port from an accepted address can take it over")
 	f.StringSliceVar(&s.AcceptFrom, "accept-from", nil, "addresses or CIDR prefixes the peer connects from (default: the --peer host's addresses); set behind a proxy or NAT")
+	f.BoolVar(&cfgJSON, "json", false, "print the settings written as JSON")
 
 	var force bool
 	op := func(use, short, path string) *cobra.Command {
-		return &cobra.Command{
+		var asJSON bool
+		c := &cobra.Command{
 			Use: use + " VOLUME", Short: short, Args: cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				if (path == "promote" || path == "demote") && force {
-					return replOp(dataDir, args[0], path+"-force")
+					return replOp(dataDir, args[0], path+"-force", asJSON)
 				}
-				return replOp(dataDir, args[0], path)
+				return replOp(dataDir, args[0], path, asJSON)
 			},
 		}
+		c.Flags().BoolVar(&asJSON, "json", false, "print the resulting status as JSON")
+		return c
 	}
 	promote := op("promote", "Make this node primary for the volume (refused while the peer is primary and connected)", "promote")
 	promote.Flags().BoolVar(&force, "force", false, "promote even if the local disk is not UpToDate")
@@ -144,10 +154,11 @@ plain "vmsan repl connect VOLUME" on the surviving node as well if it is
 StandAlone. See "Split brain" in docs/replication.md.`
 	connect.Flags().BoolVar(&discard, "discard-my-data", false, "on split brain, drop this node's changes and resync it from the peer (one-shot)")
 	connect.RunE = func(cmd *cobra.Command, args []string) error {
+		asJSON, _ := cmd.Flags().GetBool("json") // op's flag
 		if discard {
-			return replOp(dataDir, args[0], "connect-discard-my-data")
+			return replOp(dataDir, args[0], "connect-discard-my-data", asJSON)
 		}
-		return replOp(dataDir, args[0], "connect")
+		return replOp(dataDir, args[0], "connect", asJSON)
 	}
 	rc.AddCommand(configure, promote, demote,
 		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
@@ -169,10 +180,11 @@ func replVolumeCommands() []*cobra.Command {
 				if err != nil {
 					return err
 				}
+				asJSON, _ := cmd.Flags().GetBool("json") // the volume command's
 				if force != nil && *force {
-					return replOp(dataDir, args[0], path+"-force")
+					return replOp(dataDir, args[0], path+"-force", asJSON)
 				}
-				return replOp(dataDir, args[0], path)
+				return replOp(dataDir, args[0], path, asJSON)
 			},
 		}
 	}
@@ -194,16 +206,52 @@ func orDefault(s, d string) string {
 
 // replOp posts one replication operation (promote, demote, verify, ...) for
 // volume to the running daemon and prints the volume's resulting status.
-func replOp(dataDir, volume, op string) error {
+func replOp(dataDir, volume, op string, asJSON bool) error {
 	c, err := daemon.Dial(dataDir)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	var st driver.Status
-	if err := c.Do("POST", "/v1/repl/"+volume+"/"+op, nil, &st); err != nil {
+	if err := c.Do("POST", "/v1/repl/"+url.PathEscape(volume)+"/"+op, nil, &st); err != nil {
 		return err
+	}
+	if asJSON {
+		return daemon.PrintJSON(os.Stdout, []driver.Status{st}) // a list, as repl status --json
 	}
 	writeReplTable(os.Stdout, []driver.Status{st})
 	return nil
+}
+
+// printMaskedJSON prints v as JSON with the values of secret-like keys
+// (config.IsSecretKey: secret, shared_secret, password, ...) masked, for
+// output that echoes settings.
+func printMaskedJSON(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var x any
+	if err := json.Unmarshal(b, &x); err != nil {
+		return err
+	}
+	var mask func(any)
+	mask = func(x any) {
+		switch t := x.(type) {
+		case map[string]any:
+			for k, e := range t {
+				if s, ok := e.(string); ok && s != "" && config.IsSecretKey(k) {
+					t[k] = config.Masked
+					continue
+				}
+				mask(e)
+			}
+		case []any:
+			for _, e := range t {
+				mask(e)
+			}
+		}
+	}
+	mask(x)
+	return daemon.PrintJSON(os.Stdout, x)
 }

@@ -21,12 +21,15 @@ func init() {
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Serve volumes over NBD (with no flags: ./vmsan-data, 127.0.0.1:10809, a 10 GiB volume \"default\")",
+		Short: "Serve volumes over NBD (with no flags: ./vmsan-data, 127.0.0.1:10809, a 10 GiB volume \"default\" in a directory without volumes)",
 		Long: `Serve the volumes of a data directory over NBD.
 
 With no arguments: data directory ./vmsan-data, listeners 127.0.0.1:10809 and
 unix:./vmsan-data/nbd.sock, and a 10 GiB sparse volume "default" created if the
-directory has no volumes. Flags override the config file. SIGTERM/SIGINT stop
+directory has no volumes (any --data-dir; not when the config file declares
+volumes or sets no_default_volume: true). Volumes are created only once every
+listener is bound: a start that fails creates nothing. Flags override the
+config file. SIGTERM/SIGINT stop
 accepting, drain in-flight requests, flush every volume and exit 0. SIGHUP
 reloads: the config file and TLS certificate files are read again, new
 volumes are created and exported, and settings that need a restart are
@@ -47,7 +50,7 @@ logged and ignored.`,
 				return err
 			}
 			if printConfig {
-				b, err := cfg.Marshal()
+				b, err := cfg.MarshalMasked() // secrets are never printed
 				if err != nil {
 					return err
 				}
@@ -85,7 +88,7 @@ logged and ignored.`,
 	f.StringVar(&fl.tlsCert, "tls-cert", "", "server certificate (PEM)")
 	f.StringVar(&fl.tlsKey, "tls-key", "", "server private key (PEM)")
 	f.StringVar(&fl.tlsCA, "tls-ca", "", "CA bundle: when set, clients must present a certificate it signed")
-	f.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML and exit")
+	f.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML (secrets masked) and exit")
 	rootCmd.AddCommand(cmd)
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -173,6 +174,9 @@ size). A progress bar is drawn on a terminal (--quiet turns it off).`,
 				size, err := importTo(ctx, tmp, args[1], quiet)
 				if err != nil {
 					os.Remove(tmp)
+					if ctx.Err() != nil {
+						return fmt.Errorf("import interrupted; nothing was created")
+					}
 					return err
 				}
 				lbs := impBlock
@@ -183,6 +187,9 @@ size). A progress bar is drawn on a terminal (--quiet turns it off).`,
 				vi, err := ops.ImportVolume(volume.CreateOptions{Name: args[0], Size: vsize, Cache: mode, Description: impDesc, LogicalBlockSize: impBlock}, tmp)
 				if err != nil {
 					os.Remove(tmp)
+					if errors.Is(err, daemon.ErrDaemonStopped) {
+						return importDaemonStopped(*dataDir, args[0], err)
+					}
 					return err
 				}
 				return show(vi, func() {
@@ -198,6 +205,7 @@ size). A progress bar is drawn on a terminal (--quiet turns it off).`,
 
 	var (
 		expFormat, expSince, expBacking string
+		expMode                         string
 		expForce                        bool
 	)
 	exp := &cobra.Command{
@@ -208,12 +216,16 @@ holes): raw by default, or any format qemu-img writes with -O (qcow2,
 vmdk, ...; needs qemu-img).
 
 A live volume (daemon running) is exported from a temporary snapshot,
-VOL@export-..., taken quiesced like 'vmsan volume snapshot' and deleted
+VOL@tmp-export-..., taken quiesced like 'vmsan volume snapshot' and deleted
 afterwards: the image is the volume at one instant while clients keep
-writing. That snapshot is a reflink (xfs, btrfs); elsewhere give --copy
+writing (if the command or the daemon stops before deleting it, the
+daemon's next start does). That snapshot is a reflink (xfs, btrfs); elsewhere give --copy
 (a full copy in the data directory first, writes held during it), or
 export a snapshot you took. Without a daemon the raw file is read
 directly (nothing writes to it: this command holds the directory lock).
+
+FILE is created 0600 (owner only) whatever the format and the umask, as
+the volumes are; --mode 0640 (say) gives it other permissions once written.
 
 Incremental: --since SNAP --backing BASE writes FILE as a qcow2 overlay on
 BASE (a full export of VOL@SNAP made earlier) holding only the blocks that
@@ -242,9 +254,20 @@ qemu-nbd). Restore with 'vmsan volume import NAME FILE'.
 				}
 				expFormat = "qcow2"
 			}
+			mode, err := parseFileMode(expMode)
+			if err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return withSnapOps(func(vops daemon.VolumeOps, ops daemon.SnapshotOps, viaDaemon bool) error {
+			// Guest data must not be world-readable, not even while it is
+			// written: files this command and qemu-img create are 0600
+			// whatever the umask; the final mode is set once written.
+			defer syscall.Umask(syscall.Umask(0o077))
+			if err := setExportMode(args[1], 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err // --force over a wider file: private before any data goes in
+			}
+			return withSnapOps(func(vops daemon.VolumeOps, ops daemon.SnapshotOps, viaDaemon bool) (retErr error) {
 				var src string
 				var size int64
 				switch {
@@ -259,17 +282,19 @@ qemu-nbd). Restore with 'vmsan volume import NAME FILE'.
 						}
 					}
 					if src == "" {
-						return fmt.Errorf("%w: snapshot %s", volume.ErrNotFound, args[0])
+						return volume.SnapshotNotFound(args[0])
 					}
 				case viaDaemon:
-					tmpSnap := fmt.Sprintf("export-%s-%s", time.Now().UTC().Format("20060102T150405"), uuid.NewString()[:8])
-					si, err := ops.CreateSnapshot(vol, tmpSnap, copyData)
+					// Named and marked (temporary) so that the daemon's
+					// next start removes it if this command cannot.
+					tmpSnap := fmt.Sprintf("tmp-export-%s-%s", time.Now().UTC().Format("20060102T150405"), uuid.NewString()[:8])
+					si, err := ops.CreateTemporarySnapshot(vol, tmpSnap, copyData)
 					if err != nil {
 						return fmt.Errorf("export of a live volume goes through a temporary snapshot: %w", err)
 					}
 					defer func() {
-						if err := ops.DeleteSnapshot(vol, tmpSnap, true); err != nil {
-							fmt.Fprintf(os.Stderr, "vmsan: could not delete the temporary snapshot %s: %v\n", si.Name, err)
+						if cerr := deleteTempSnapshot(*dataDir, ops, vol, tmpSnap); cerr != nil {
+							retErr = errors.Join(retErr, cerr)
 						}
 					}()
 					src, size = si.Path, si.Size
@@ -295,23 +320,35 @@ qemu-nbd). Restore with 'vmsan volume import NAME FILE'.
 						}
 					}
 					if base == "" {
-						return fmt.Errorf("--since: %w: snapshot %s%s%s", volume.ErrNotFound, vol, volume.SnapSep, expSince)
+						return fmt.Errorf("--since: %w", volume.SnapshotNotFound(vol+volume.SnapSep+expSince))
 					}
-					return exportSince(ctx, src, base, size, args[1], expBacking, quiet)
-				}
-				if err := exportFile(ctx, src, size, args[1], expFormat, quiet); err != nil {
+					if err := exportSince(ctx, src, base, size, args[1], expBacking, quiet); err != nil {
+						return err
+					}
+				} else if err := exportFile(ctx, src, size, args[1], expFormat, quiet); err != nil {
+					if ctx.Err() != nil {
+						// SIGINT/SIGTERM: no half-written image stays
+						// (the temporary snapshot is deleted on return).
+						if st, serr := os.Lstat(args[1]); serr == nil && st.Mode().IsRegular() {
+							os.Remove(args[1])
+						}
+						return fmt.Errorf("export interrupted; %s not written", args[1])
+					}
 					return err
 				}
-				if !*asJSON {
-					fmt.Printf("exported %s to %s (%s, %s)\n", args[0], args[1], expFormat, volume.HumanSize(size))
+				if err := setExportMode(args[1], mode); err != nil {
+					return err
 				}
-				return nil
+				return show(exportResult{Source: args[0], File: args[1], Format: expFormat, Size: size, Mode: fmt.Sprintf("%04o", mode)}, func() {
+					fmt.Printf("exported %s to %s (%s, %s)\n", args[0], args[1], expFormat, volume.HumanSize(size))
+				})
 			})
 		},
 	}
 	exp.Flags().StringVarP(&expFormat, "output-format", "O", "raw", "image format: raw, or any format qemu-img writes (qcow2, vmdk, ...)")
 	exp.Flags().BoolVar(&copyData, "copy", false, "where the filesystem cannot reflink, take the temporary snapshot of a live volume by full copy")
 	exp.Flags().BoolVar(&expForce, "force", false, "overwrite FILE if it exists")
+	exp.Flags().StringVar(&expMode, "mode", "0600", "permissions of FILE (octal), whatever the umask: guest data is private by default")
 	exp.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
 	exp.Flags().StringVar(&expSince, "since", "", "incremental: write a qcow2 overlay of only the blocks changed since this snapshot of the volume")
 	exp.Flags().StringVar(&expBacking, "backing", "", "with --since: the full export of that snapshot, recorded as the overlay's backing file (relative to FILE's directory)")
@@ -614,7 +651,7 @@ func listSnapshots(dataDir string, asJSON bool, args []string) error {
 }
 
 // deleteSnapshot is `vmsan volume delete VOL@SNAP`.
-func deleteSnapshot(dataDir, vol, snap string, force bool) error {
+func deleteSnapshot(dataDir, vol, snap string, force, asJSON bool) error {
 	ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
 	if err != nil {
 		return err
@@ -623,6 +660,108 @@ func deleteSnapshot(dataDir, vol, snap string, force bool) error {
 	if err := ops.(daemon.SnapshotOps).DeleteSnapshot(vol, snap, force); err != nil {
 		return err
 	}
+	if asJSON {
+		return daemon.PrintJSON(os.Stdout, deleted{Deleted: vol + volume.SnapSep + snap, Kind: "snapshot"})
+	}
 	fmt.Printf("deleted snapshot %s%s%s\n", vol, volume.SnapSep, snap)
 	return nil
+}
+
+// snapshotInfo is `vmsan volume info VOL@SNAP`: a snapshot is a
+// first-class name wherever a volume's is read.
+func snapshotInfo(dataDir, vol, snap string, asJSON bool) error {
+	ops, _, err := daemon.OpenExistingVolumeOps(dataDir, volumeHooks)
+	if err != nil {
+		return err
+	}
+	defer ops.Close()
+	l, err := ops.(daemon.SnapshotOps).ListSnapshots(vol)
+	if err != nil && l == nil {
+		return err
+	}
+	for _, si := range l {
+		if si.Snapshot != snap {
+			continue
+		}
+		if asJSON {
+			return daemon.PrintJSON(os.Stdout, si)
+		}
+		daemon.PrintVolume(os.Stdout, daemon.VolumeInfo{Meta: si.Meta, Path: si.Path, Allocated: si.Allocated, Open: si.Exports > 0, Exports: si.Exports})
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 1, ' ', 0)
+		fmt.Fprintf(tw, "snapshot of:\t%s\n", si.Volume)
+		fmt.Fprintf(tw, "method:\t%s\n", si.Method)
+		if si.Temporary {
+			fmt.Fprintf(tw, "temporary:\ttrue (a command's; removed at the next daemon start)\n")
+		}
+		return tw.Flush()
+	}
+	return volume.SnapshotNotFound(vol + volume.SnapSep + snap)
+}
+
+// exportResult is what `vmsan volume export --json` prints.
+type exportResult struct {
+	Source string `json:"source"`
+	File   string `json:"file"`
+	Format string `json:"format"`
+	Size   int64  `json:"size"`
+	Mode   string `json:"mode"`
+}
+
+// setExportMode gives the export file path mode (regular files only: a
+// device node's permissions are not the export's to change).
+func setExportMode(path string, mode os.FileMode) error {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return nil
+	}
+	return os.Chmod(path, mode)
+}
+
+// parseFileMode parses --mode: octal permission bits (0600, 640).
+func parseFileMode(s string) (os.FileMode, error) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(s, "0o"), 8, 32)
+	if err != nil || n > 0o777 {
+		return 0, fmt.Errorf("--mode %q: want octal permissions such as 0600 or 0640", s)
+	}
+	return os.FileMode(n), nil
+}
+
+// deleteTempSnapshot removes an export's temporary snapshot. A daemon
+// that stopped meanwhile cannot: the directory is then free, and the
+// snapshot is deleted on it directly. A snapshot already gone (a
+// restarted daemon removed it) is fine. An error names the snapshot and
+// fails the command.
+func deleteTempSnapshot(dataDir string, ops daemon.SnapshotOps, vol, snap string) error {
+	err := ops.DeleteSnapshot(vol, snap, true)
+	if errors.Is(err, daemon.ErrDaemonStopped) {
+		var s *volume.Store
+		if s, err = volume.OpenExisting(dataDir); err == nil {
+			err = s.DeleteSnapshot(vol, snap)
+			s.Close()
+		}
+	}
+	if err == nil || errors.Is(err, volume.ErrNotFound) {
+		return nil
+	}
+	return fmt.Errorf("the temporary snapshot %s%s%s was not deleted (the next vmsan serve removes it): %w", vol, volume.SnapSep, snap, err)
+}
+
+// importDaemonStopped is the error of an import whose daemon stopped
+// before answering. The volume's metadata is the import's commit point
+// (volume.Store.CreateFromFile), so the data directory, free now, says
+// whether the volume was created: nothing was, unless the daemon stopped
+// after committing it.
+func importDaemonStopped(dataDir, name string, err error) error {
+	s, oerr := volume.OpenExisting(dataDir)
+	if oerr != nil {
+		return fmt.Errorf("the daemon stopped during the import; see vmsan volume list whether %s was created (%v)", name, err)
+	}
+	defer s.Close()
+	if _, gerr := s.Get(name); gerr == nil {
+		return fmt.Errorf("the daemon stopped right after creating volume %s: it is complete, but was not exported", name)
+	}
+	return fmt.Errorf("the daemon stopped; nothing was created (volume %s does not exist)", name)
 }

@@ -121,10 +121,13 @@ func init() {
 	}
 	list.Flags().BoolVar(&listSnaps, "snapshots", false, "list snapshots instead of volumes")
 	info := &cobra.Command{
-		Use:   "info NAME",
-		Short: "Show a volume's metadata",
+		Use:   "info NAME|VOL@SNAP",
+		Short: "Show a volume's (or a snapshot's) metadata",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if vol, sn, isSnap, err := volume.SplitRef(args[0]); err == nil && isSnap {
+				return snapshotInfo(dataDir, vol, sn, asJSON)
+			}
 			return withOps(func(ops daemon.VolumeOps) error {
 				vi, err := ops.Info(args[0])
 				if err != nil {
@@ -177,11 +180,14 @@ see docs/volumes.md.`,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if vol, sn, isSnap, err := volume.SplitRef(args[0]); err == nil && isSnap {
-				return deleteSnapshot(dataDir, vol, sn, delForce)
+				return deleteSnapshot(dataDir, vol, sn, delForce, asJSON)
 			}
 			return withOps(func(ops daemon.VolumeOps) error {
 				if err := ops.Delete(args[0], delForce); err != nil {
 					return err
+				}
+				if asJSON {
+					return daemon.PrintJSON(os.Stdout, deleted{Deleted: args[0], Kind: "volume"})
 				}
 				fmt.Printf("deleted volume %s\n", args[0])
 				return nil
@@ -274,6 +280,9 @@ the data directory directly, so the daemon must be stopped.`,
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return daemon.PrintJSON(os.Stdout, m)
+			}
 			fmt.Printf("repaired volume %s (%s): %s, new data identity %s\n", m.Name, modes[0], volume.HumanSize(m.Size), m.DataID)
 			return nil
 		},
@@ -287,4 +296,10 @@ the data directory directly, so the daemon must be stopped.`,
 	vc.AddCommand(snapshotCommands(&dataDir, &asJSON)...) // snapshot, clone, rollback, import, export: see snapshot.go
 	vc.AddCommand(replVolumeCommands()...)                // promote, demote, verify: see repl.go
 	rootCmd.AddCommand(vc)
+}
+
+// deleted is what `vmsan volume delete --json` prints.
+type deleted struct {
+	Deleted string `json:"deleted"`
+	Kind    string `json:"kind"` // "volume" or "snapshot"
 }

@@ -3,9 +3,11 @@ package bench
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -82,6 +84,7 @@ func openISCSI(ctx context.Context, _ *url.URL, raw string, o TargetOptions) (Ta
 		t.ss = append(t.ss, s)
 		lu, err := s.LU(ctx, u.LUN)
 		if err != nil {
+			err = noLUNError(ctx, s, u, err)
 			t.closeAll()
 			return nil, err
 		}
@@ -107,6 +110,28 @@ func openISCSI(ctx context.Context, _ *url.URL, raw string, o TargetOptions) (Ta
 		},
 	}
 	return t, nil
+}
+
+// noLUNError words the sense LOGICAL UNIT NOT SUPPORTED (05/25/00), a
+// LUN number the target does not have (a typo in the URL), as such, with
+// the LUNs it has (REPORT LUNS); any other error is returned as it is.
+func noLUNError(ctx context.Context, s *initiator.Session, u *initiator.URI, err error) error {
+	var ce *initiator.CheckError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	if k, asc, ascq := ce.SenseKey(); k != 0x05 || asc != 0x25 || ascq != 0 {
+		return err
+	}
+	msg := fmt.Sprintf("bench: no LUN %d on this target (%s at %s)", u.LUN, u.TargetName, u.Addr)
+	if luns, lerr := s.ReportLUNs(ctx); lerr == nil && len(luns) > 0 {
+		l := make([]string, len(luns))
+		for i, n := range luns {
+			l[i] = strconv.Itoa(int(n))
+		}
+		msg += "; it has LUN " + strings.Join(l, ", ")
+	}
+	return errors.New(msg)
 }
 
 // redactISCSI keeps CHAP secrets out of results: they are saved to JSON

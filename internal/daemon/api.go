@@ -199,3 +199,35 @@ func apiError(err error) (int, *APIError) {
 	}
 	return http.StatusInternalServerError, &APIError{Code: "internal", Message: err.Error()}
 }
+
+// ErrorCode is the control API's code for err ("not_found", "exists", ...,
+// as in APIError), or "" when it has none: what `--json` error output
+// reports beside the message, the same whether the error came over the
+// control socket or from the store directly.
+func ErrorCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	var ae *APIError
+	if errors.As(err, &ae) && ae.Code != "" && ae.Code != "http" {
+		return ae.Code
+	}
+	if errors.Is(err, ErrDaemonStopped) {
+		return "daemon_stopped"
+	}
+	if errors.Is(err, ErrNoDaemon) {
+		return "no_daemon"
+	}
+	if errors.Is(err, volume.ErrNoDataDir) {
+		return "no_data_dir"
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return "no_space"
+	}
+	for code, target := range codeErrs {
+		if errors.Is(err, target) {
+			return code
+		}
+	}
+	return ""
+}

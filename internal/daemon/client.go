@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/volume"
@@ -40,6 +41,23 @@ func Dial(dataDir string) (*Client, error) {
 	}
 	c.Close()
 	return NewClient(p), nil
+}
+
+// ErrDaemonStopped means the daemon went away during a call: its control
+// socket refused the connection, or closed it before the reply. The
+// request may or may not have been carried out (a caller that must know
+// looks, as volume import does).
+var ErrDaemonStopped = errors.New("the daemon stopped")
+
+// daemonGone reports whether a transport error means the daemon is no
+// longer there (not a timeout of a slow one).
+func daemonGone(err error) bool {
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.ENOENT, syscall.ECONNRESET, syscall.EPIPE, io.EOF, io.ErrUnexpectedEOF} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // ErrNoDaemon means no daemon is listening on the control socket.
@@ -82,6 +100,9 @@ func (c *Client) Do(method, path string, body, out any) error {
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		if daemonGone(err) {
+			return fmt.Errorf("%w (control socket %s: %v)", ErrDaemonStopped, c.path, err)
+		}
 		return fmt.Errorf("control socket %s: %w", c.path, err)
 	}
 	defer resp.Body.Close()

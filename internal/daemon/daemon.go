@@ -253,8 +253,10 @@ func (d *Daemon) stopPlugins() error {
 	return errors.Join(errs...)
 }
 
-// New opens the data directory, ensures the configured (or default) volumes
-// exist, opens them, and binds all listeners. Nothing is served until Run.
+// New opens the data directory, binds all listeners, then ensures the
+// configured (or default) volumes exist and opens them: a listener that
+// cannot be bound fails New with no volume created. Nothing is served
+// until Run.
 func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -298,19 +300,16 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		}
 	}
 	d.store.SetHooks(volume.Hooks{InUse: d.inUse, Resize: d.resizeHook})
-	if err = d.ensureVolumes(); err != nil {
-		return nil, err
-	}
-	if err = d.openAll(); err != nil {
-		return nil, err
-	}
 
 	if d.tls, err = newServerTLS(cfg.TLS); err != nil {
 		return nil, err
 	}
-	// Front ends bind their listeners here, before the control socket and
-	// plugins, so a listener that cannot be bound fails New before
-	// replication starts talking to its peer.
+	// Every listener is bound before any volume is created (configured
+	// ones, or "default"): a start that fails (a port in use) changes
+	// nothing in the data directory. Front ends bind first, before the
+	// control socket and plugins, so a listener that cannot be bound
+	// fails New before replication starts talking to its peer. Front ends
+	// look volumes up when clients come (nothing is served before Run).
 	for _, newFE := range frontEndFactories {
 		fe, err := newFE(d)
 		if err != nil {
@@ -328,6 +327,12 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		if err = d.startMetrics(); err != nil {
 			return nil, err
 		}
+	}
+	if err = d.ensureVolumes(); err != nil {
+		return nil, err
+	}
+	if err = d.openAll(); err != nil {
+		return nil, err
 	}
 	if err = d.startPlugins(); err != nil {
 		return nil, err

@@ -39,9 +39,10 @@ type FrontEnd interface {
 // front end is added with one line here (and its factory, next to nbd.go).
 // A factory takes its client tracker from d.newSessions, which gives every
 // front end the connect/disconnect log lines and client events.
-// Factories run in New once the volumes are open and TLS is loaded,
-// before the control socket and plugins start; they bind their listeners
-// but serve nothing until Serve.
+// Factories run in New once TLS is loaded, before the control socket,
+// the volumes (created and opened after every listener is bound) and
+// plugins; they bind their listeners but serve nothing until Serve, and
+// must look volumes up only when clients come.
 var frontEndFactories = []func(d *Daemon) (FrontEnd, error){
 	newNBDFrontEnd,
 	newISCSIFrontEnd, // iscsi.go; nil unless iscsi.listen is configured

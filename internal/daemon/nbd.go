@@ -136,7 +136,7 @@ func (f *nbdFrontEnd) Stats() volrt.FrontEndStats {
 		BytesRead:    st.BytesRead,
 		BytesWritten: st.BytesWritten,
 		Clients:      f.sessions.List(),
-		Detail:       st,
+		Detail:       newNBDDetail(st),
 
 		HandshakeFails: st.HandshakeFails,
 		TLSHandshakes:  st.TLSHandshakes,
@@ -210,6 +210,35 @@ func (f *nbdFrontEnd) BannerLines() []string {
 		out = append(out, "Over the Unix socket:", fmt.Sprintf("  nbdinfo 'nbd+unix:///%s?socket=%s'", exp, sock))
 	}
 	return out
+}
+
+// nbdDetail is the NBD server's counters as status shows them (the
+// front end's Detail, and Status.Server): snake_case names like the rest
+// of the control API, requests labelled by command.
+type nbdDetail struct {
+	Accepted         uint64            `json:"accepted"`
+	ActiveConns      int64             `json:"active_connections"`
+	HandshakeFails   uint64            `json:"handshake_failures"`
+	TLSHandshakes    uint64            `json:"tls_handshakes"`
+	Requests         map[string]uint64 `json:"requests"` // by command: read, write, ..., every command listed
+	ErrorReplies     uint64            `json:"error_replies"`
+	BytesRead        uint64            `json:"bytes_read"`
+	BytesWritten     uint64            `json:"bytes_written"`
+	ProtocolErrors   uint64            `json:"protocol_errors"`
+	Panics           uint64            `json:"panics"`
+	HoleChunks       uint64            `json:"hole_chunks"`
+	InflightRequests int64             `json:"inflight_requests"`
+	ConnsRefused     uint64            `json:"connections_refused"`
+}
+
+func newNBDDetail(st server.Stats) nbdDetail {
+	d := nbdDetail{Accepted: st.Accepted, ActiveConns: st.ActiveConns, HandshakeFails: st.HandshakeFails, TLSHandshakes: st.TLSHandshakes,
+		Requests: make(map[string]uint64, len(st.Requests)), ErrorReplies: st.ErrorReplies, BytesRead: st.BytesRead, BytesWritten: st.BytesWritten,
+		ProtocolErrors: st.ProtocolErrors, Panics: st.Panics, HoleChunks: st.HoleChunks, InflightRequests: st.InflightRequests, ConnsRefused: st.ConnsRefused}
+	for i, n := range st.Requests {
+		d.Requests[nbdCmdNames[i]] = n
+	}
+	return d
 }
 
 // nbdCmdNames label server.Stats.Requests (indexed by proto.Cmd):

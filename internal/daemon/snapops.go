@@ -12,6 +12,10 @@ import (
 // the store. Every VolumeOps that OpenVolumeOps returns implements it.
 type SnapshotOps interface {
 	CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error)
+	// CreateTemporarySnapshot takes a snapshot the caller deletes when
+	// done; one left behind is removed when the data directory is next
+	// opened (the daemon's start).
+	CreateTemporarySnapshot(vol, snap string, copyData bool) (SnapshotInfo, error)
 	ListSnapshots(vol string) ([]SnapshotInfo, error)
 	DeleteSnapshot(vol, snap string, force bool) error
 	Clone(src, name string, copyData bool) (VolumeInfo, error)
@@ -30,6 +34,13 @@ var (
 func (c *Client) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
 	var si SnapshotInfo
 	err := c.Do("POST", "/v1/volumes/"+url.PathEscape(vol)+"/snapshots", SnapshotRequest{Name: snap, Copy: copyData}, &si)
+	return si, err
+}
+
+// CreateTemporarySnapshot takes a temporary snapshot.
+func (c *Client) CreateTemporarySnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
+	var si SnapshotInfo
+	err := c.Do("POST", "/v1/volumes/"+url.PathEscape(vol)+"/snapshots", SnapshotRequest{Name: snap, Copy: copyData, Temporary: true}, &si)
 	return si, err
 }
 
@@ -82,6 +93,14 @@ func (o directOps) snapInfo(sm volume.SnapMeta) SnapshotInfo {
 
 func (o directOps) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
 	sm, err := o.s.CreateSnapshot(vol, snap, volume.CloneOptions{Copy: copyData})
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	return o.snapInfo(sm), nil
+}
+
+func (o directOps) CreateTemporarySnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
+	sm, err := o.s.CreateSnapshot(vol, snap, volume.CloneOptions{Copy: copyData, Temporary: true})
 	if err != nil {
 		return SnapshotInfo{}, err
 	}

@@ -48,6 +48,9 @@ type SnapshotInfo struct {
 type SnapshotRequest struct {
 	Name string `json:"name"`
 	Copy bool   `json:"copy,omitempty"`
+	// Temporary: the caller deletes it when done (a live export); one
+	// left behind is removed when the daemon next starts.
+	Temporary bool `json:"temporary,omitempty"`
 }
 
 // CloneRequest is the body of POST /v1/clone: Source is "VOL@SNAP" or
@@ -219,6 +222,17 @@ func (d *Daemon) quiesce(name string) (func(), error) {
 
 // CreateSnapshot takes the snapshot vol@snap of a volume, quiesced.
 func (d *Daemon) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
+	return d.createSnapshot(vol, snap, volume.CloneOptions{Copy: copyData})
+}
+
+// CreateTemporarySnapshot is CreateSnapshot for a command's scratch
+// snapshot (volume.CloneOptions.Temporary): removed at the next start if
+// the command does not delete it.
+func (d *Daemon) CreateTemporarySnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
+	return d.createSnapshot(vol, snap, volume.CloneOptions{Copy: copyData, Temporary: true})
+}
+
+func (d *Daemon) createSnapshot(vol, snap string, o volume.CloneOptions) (SnapshotInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, err := d.store.Get(vol); err != nil {
@@ -228,12 +242,12 @@ func (d *Daemon) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, 
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	sm, err := d.store.CreateSnapshot(vol, snap, volume.CloneOptions{Copy: copyData})
+	sm, err := d.store.CreateSnapshot(vol, snap, o)
 	resume()
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	d.log.Info("snapshot created", "volume", vol, "snapshot", snap, "method", sm.Method)
+	d.log.Info("snapshot created", "volume", vol, "snapshot", snap, "method", sm.Method, "temporary", sm.Temporary)
 	return d.snapInfo(sm), nil
 }
 
@@ -385,7 +399,7 @@ func (d *Daemon) hSnapCreate(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	si, err := d.CreateSnapshot(r.PathValue("name"), req.Name, req.Copy)
+	si, err := d.createSnapshot(r.PathValue("name"), req.Name, volume.CloneOptions{Copy: req.Copy, Temporary: req.Temporary})
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -165,6 +165,10 @@ type Repl struct {
 type Options struct {
 	// DataDir is the vmsan data directory (volumes, replication settings).
 	DataDir string
+	// DataDirGiven: the user named DataDir (--data-dir, a config's
+	// data_dir), so it not existing fails the datadir check; the default
+	// one may not exist yet (checking a host before the first serve).
+	DataDirGiven bool
 	// Peer, when set (HOST:PORT), is the replication peer to measure.
 	Peer string
 	// Listen are the daemon's client listen addresses (from its

@@ -208,6 +208,13 @@ func (e *env) dataDirCheck() Result {
 	r := Result{Check: "datadir", Subject: e.dir, Status: OK}
 	if !e.dirFound {
 		r.Evidence = fmt.Sprintf("does not exist; device and filesystem checks use %s, where it would be created", e.probe)
+		if e.o.DataDirGiven {
+			// Named on purpose: most likely a typo, and every check of
+			// volumes would pass vacuously on it.
+			r.Status = Fail
+			r.Evidence = "does not exist (no volumes to check)"
+			r.Fix = "check the path (vmsan serve --data-dir DIR or vmsan volume create --data-dir DIR creates a data directory); without --data-dir doctor checks the host for ./vmsan-data before it exists"
+		}
 		return r
 	}
 	var caches []string

@@ -7,7 +7,12 @@ import (
 
 // OpCounts is a counter per request kind.
 type OpCounts struct {
-	Read, Write, Flush, Trim, WriteZeroes, Cache uint64
+	Read        uint64 `json:"read"`
+	Write       uint64 `json:"write"`
+	Flush       uint64 `json:"flush"`
+	Trim        uint64 `json:"trim"`
+	WriteZeroes uint64 `json:"write_zeroes"`
+	Cache       uint64 `json:"cache"`
 }
 
 func (c *OpCounts) add(op Op, n uint64) {
@@ -39,49 +44,55 @@ func (c OpCounts) Total() uint64 {
 type Stats struct {
 	// Requests counts requests accepted by Submit (including those that
 	// then failed in the backend; excluding those rejected up front).
-	Requests OpCounts
+	Requests OpCounts `json:"requests"`
 	// Rejected counts requests failed by Submit without reaching the queue
 	// (invalid, out of range, engine closed).
-	Rejected uint64
+	Rejected uint64 `json:"rejected"`
 	// BackendOps counts backend calls: a merged run of N requests is 1 op.
-	BackendOps OpCounts
+	BackendOps OpCounts `json:"backend_ops"`
 	// Errors counts requests completed with an error.
-	Errors uint64
+	Errors uint64 `json:"errors"`
 	// NoSpaceErrors counts those whose error was ENOSPC or EDQUOT from
 	// the backend (the host filesystem under a thin volume is full).
-	NoSpaceErrors uint64
+	NoSpaceErrors uint64 `json:"no_space_errors"`
 	// BytesRead and BytesWritten are payload bytes moved by backend
 	// ReadvAt/WritevAt calls.
-	BytesRead, BytesWritten uint64
+	BytesRead    uint64 `json:"bytes_read"`
+	BytesWritten uint64 `json:"bytes_written"`
 	// Merged counts requests that did not need a backend call of their
 	// own: a merged run of N requests adds N-1.
-	Merged uint64
+	Merged uint64 `json:"merged"`
 	// Held counts writes that the gathering policy delayed.
-	Held uint64
+	Held uint64 `json:"held"`
 	// GatherTimeouts counts runs of held writes released by their timed
 	// backstop (GatherDelay, stretched by measurement or More, capped by
 	// MaxGatherDelay) rather than because the submitters' queue or the
 	// run was full, something waited for them, or Close.
-	GatherTimeouts uint64
+	GatherTimeouts uint64 `json:"gather_timeouts"`
 	// GatherHold is the current backstop for newly held writes (see the
 	// package doc: twice the recent largest inter-arrival gap, within
 	// [GatherDelay, MaxGatherDelay]); instantaneous.
-	GatherHold time.Duration
+	GatherHold time.Duration `json:"gather_hold_ns"`
 	// Inlined counts Inline requests executed on the submitting goroutine
 	// (no hand-off to a worker).
-	Inlined uint64
+	Inlined uint64 `json:"inlined"`
 	// QueueDepth is the number of requests submitted and not yet completed;
 	// MaxQueueDepth the highest value seen.
-	QueueDepth, MaxQueueDepth int
+	QueueDepth    int `json:"queue_depth"`
+	MaxQueueDepth int `json:"max_queue_depth"`
 	// InFlight is the number of backend calls running now; MaxInFlight the
 	// highest seen (never above Config.Workers).
-	InFlight, MaxInFlight int
+	InFlight    int `json:"in_flight"`
+	MaxInFlight int `json:"max_in_flight"`
 	// Latency is submit-to-completion time in nanoseconds, per request;
 	// ReadLatency, WriteLatency and FlushLatency split it by kind.
-	Latency                                 Histogram
-	ReadLatency, WriteLatency, FlushLatency Histogram
+	Latency      Histogram `json:"latency_ns"`
+	ReadLatency  Histogram `json:"read_latency_ns"`
+	WriteLatency Histogram `json:"write_latency_ns"`
+	FlushLatency Histogram `json:"flush_latency_ns"`
 	// WriteSizes and ReadSizes are bytes per backend call.
-	WriteSizes, ReadSizes Histogram
+	WriteSizes Histogram `json:"write_sizes"`
+	ReadSizes  Histogram `json:"read_sizes"`
 }
 
 // MergeRatio is data requests per data backend op (reads and writes only);
@@ -112,10 +123,10 @@ func (s Stats) MeanWriteSize() float64 {
 type Histogram struct {
 	// UpperBounds[i] is the inclusive upper bound of Counts[i]; Counts has
 	// one more element, the +Inf bucket. Counts are not cumulative.
-	UpperBounds []int64
-	Counts      []uint64
-	Count       uint64
-	Sum         int64
+	UpperBounds []int64  `json:"upper_bounds"`
+	Counts      []uint64 `json:"counts"`
+	Count       uint64   `json:"count"`
+	Sum         int64    `json:"sum"`
 }
 
 // Mean returns Sum/Count (0 if empty).

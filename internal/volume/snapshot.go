@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -84,6 +85,9 @@ type SnapMeta struct {
 	Method string `json:"method"`
 	// SourceDataID is the volume's DataID when the snapshot was taken.
 	SourceDataID string `json:"source_data_id,omitempty"`
+	// Temporary: taken for one command (a live export) and deleted by it;
+	// Open removes one left behind (the command or the daemon died).
+	Temporary bool `json:"temporary,omitempty"`
 }
 
 // Methods of SnapMeta.Method.
@@ -125,6 +129,10 @@ type CloneOptions struct {
 	Copy bool
 	// Progress, when set, is called during a full copy (see sparse.Options).
 	Progress func(done int64)
+	// Temporary marks a snapshot (CreateSnapshot only) as a command's
+	// scratch copy, such as the one a live export reads: Open removes
+	// it, so one whose command died with it does not stay (SnapMeta.Temporary).
+	Temporary bool
 }
 
 // reflinkUnsupported reports whether a FICLONE error means "this
@@ -218,7 +226,7 @@ func (s *Store) CreateSnapshot(vol, snap string, o CloneOptions) (SnapMeta, erro
 		return SnapMeta{}, err
 	}
 	if _, err := os.Stat(s.snapMetaPath(vol, snap)); err == nil {
-		return SnapMeta{}, fmt.Errorf("%w: snapshot %s%s%s", ErrExists, vol, SnapSep, snap)
+		return SnapMeta{}, existsError{"snapshot " + vol + SnapSep + snap}
 	}
 	d := filepath.Join(s.dir, SnapshotsDir, vol)
 	if err := os.MkdirAll(d, dirMode); err != nil {
@@ -230,7 +238,7 @@ func (s *Store) CreateSnapshot(vol, snap string, o CloneOptions) (SnapMeta, erro
 		return SnapMeta{}, fmt.Errorf("snapshot %s%s%s: %w", vol, SnapSep, snap, err)
 	}
 	defer tmp.Close()
-	sm := SnapMeta{Meta: m, Volume: vol, Snapshot: snap, Method: method, SourceDataID: m.DataID}
+	sm := SnapMeta{Meta: m, Volume: vol, Snapshot: snap, Method: method, SourceDataID: m.DataID, Temporary: o.Temporary}
 	sm.Name = vol + SnapSep + snap
 	sm.UUID = uuid.NewString()
 	sm.ReadOnly = true
@@ -268,7 +276,7 @@ func (s *Store) getSnapshot(vol, snap string) (SnapMeta, error) {
 	p := s.snapMetaPath(vol, snap)
 	b, err := readBounded(p)
 	if errors.Is(err, fs.ErrNotExist) {
-		return SnapMeta{}, fmt.Errorf("%w: snapshot %s%s%s", ErrNotFound, vol, SnapSep, snap)
+		return SnapMeta{}, SnapshotNotFound(vol + SnapSep + snap)
 	}
 	if err != nil {
 		return SnapMeta{}, err
@@ -634,10 +642,28 @@ func (s *Store) removeSnapshotDebris() {
 				if os.Remove(filepath.Join(d, e.Name())) == nil {
 					s.notice(v.Name(), false, "removed %s: a snapshot whose creation a crash interrupted", filepath.Join(d, e.Name()))
 				}
+				continue
+			}
+			// A temporary snapshot outlived its command (an export whose
+			// process, or whose daemon, stopped before deleting it).
+			// Whoever holds the directory lock now has no command using
+			// it: commands take temporary snapshots through the daemon
+			// that held the lock then.
+			if sm, err := s.getSnapshot(v.Name(), snap); err == nil && (sm.Temporary || legacyExportSnapshot.MatchString(snap)) {
+				if err := s.deleteSnapshot(v.Name(), snap); err == nil {
+					s.notice(v.Name(), true, "removed the temporary snapshot %s left by a command that did not finish", sm.Name)
+				} else {
+					s.notice(v.Name(), true, "cannot remove the temporary snapshot %s: %v", sm.Name, err)
+				}
 			}
 		}
 	}
 }
+
+// legacyExportSnapshot is the name live exports gave their temporary
+// snapshot before it was marked Temporary (export-TIME-ID): leftovers
+// from then are removed like marked ones.
+var legacyExportSnapshot = regexp.MustCompile(`^export-[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$`)
 
 // reconcileRollback completes a rollback a crash interrupted (Open).
 // REQUIRES: s.mu held or Open in progress.
@@ -684,48 +710,43 @@ func (s *Store) CreateFromFile(o CreateOptions, path string) (Meta, error) {
 	if st.Size() > o.Size {
 		return Meta{}, fmt.Errorf("%w: import file is %d bytes, more than the volume size %d", ErrBadSize, st.Size(), o.Size)
 	}
-	m, err := s.Create(o) // validates everything, makes the metadata
+	m, err := newMeta(o) // validates everything
 	if err != nil {
 		return Meta{}, err
 	}
-	// Swap the empty raw file Create made for the imported one, then give
-	// it its own identity; the metadata is rewritten last (commit point
-	// of the new identity).
+	// The metadata, written last, is the commit point: a daemon stopped
+	// or killed anywhere before it leaves no volume (only a temporary
+	// file, or a raw file without metadata: debris Open and the next
+	// create of the name remove), so an import that failed created
+	// nothing.
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	fail := func(err error) (Meta, error) {
-		s.deleteLocked(o.Name)
+	if err := s.prepareNewLocked(o.Name); err != nil {
 		return Meta{}, err
 	}
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return fail(err)
+		return Meta{}, err
 	}
 	defer f.Close()
 	f.Chmod(fileMode)
 	if err := f.Truncate(o.Size); err != nil {
-		return fail(sizeErr(err, o.Size))
+		return Meta{}, sizeErr(err, o.Size)
 	}
 	if err := newIdentity(f, &m); err != nil {
-		return fail(err)
+		return Meta{}, err
 	}
 	if err := f.Sync(); err != nil {
-		return fail(err)
+		return Meta{}, err
 	}
 	if err := os.Rename(path, s.RawPath(o.Name)); err != nil {
-		return fail(err)
+		return Meta{}, err
 	}
 	if err := s.writeMeta(m); err != nil {
-		return fail(err)
+		os.Remove(s.RawPath(o.Name))
+		return Meta{}, err
 	}
 	return m, nil
-}
-
-// deleteLocked removes a volume's files. REQUIRES: s.mu held.
-func (s *Store) deleteLocked(name string) {
-	os.Remove(s.metaPath(name))
-	atomicfile.SyncDir(s.vdir)
-	os.Remove(s.RawPath(name))
 }
 
 func sameDir(a, b string) bool {

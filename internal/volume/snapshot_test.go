@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
@@ -450,5 +451,54 @@ func TestSnapshotDebrisRemoved(t *testing.T) {
 	}
 	if _, err := os.Stat(s.SnapshotPath("v", "keep")); err != nil {
 		t.Fatalf("a complete snapshot was removed: %v", err)
+	}
+}
+
+// Open removes temporary snapshots (a command's, left when it or its
+// daemon died) and the unmarked ones older exports named export-TIME-ID,
+// and keeps every other snapshot.
+func TestOpenRemovesTemporarySnapshots(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(CreateOptions{Name: "v", Size: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		tmp  bool
+	}{{"tmp-export-x", true}, {"export-20260101T000000-0123abcd", false}, {"export-mine", false}, {"keep", false}} {
+		if _, err := s.CreateSnapshot("v", c.name, CloneOptions{Copy: true, Temporary: c.tmp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	s, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	l, err := s.ListSnapshots("v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, sm := range l {
+		names = append(names, sm.Snapshot)
+	}
+	sort.Strings(names)
+	if strings.Join(names, ",") != "export-mine,keep" {
+		t.Fatalf("snapshots after Open: %v, want export-mine and keep", names)
+	}
+	n := 0
+	for _, no := range s.Notices() {
+		if strings.Contains(no.Msg, "removed the temporary snapshot") {
+			n++
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d removal notices, want 2: %v", n, s.Notices())
 	}
 }

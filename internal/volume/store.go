@@ -121,6 +121,23 @@ var (
 	ErrDamaged = errors.New("raw file does not match the volume metadata")
 )
 
+// existsError is ErrExists naming what exists ("snapshot vm1@s1 already
+// exists"): errors.Is(err, ErrExists) holds, and the message reads the
+// same over the control socket.
+type existsError struct{ what string }
+
+func (e existsError) Error() string        { return e.what + " already exists" }
+func (e existsError) Is(target error) bool { return target == ErrExists }
+
+// SnapshotNotFound is ErrNotFound for the snapshot ref ("VOL@SNAP"):
+// "no snapshot vm1@s1".
+func SnapshotNotFound(ref string) error { return notFoundError{"snapshot " + ref} }
+
+type notFoundError struct{ what string }
+
+func (e notFoundError) Error() string        { return "no " + e.what }
+func (e notFoundError) Is(target error) bool { return target == ErrNotFound }
+
 // Meta is a volume's persistent metadata.
 type Meta struct {
 	Version           int               `json:"version"`
@@ -581,9 +598,8 @@ func sizeErr(err error, size int64) error {
 
 func validBlockSize(n uint32) bool { return n >= 512 && n <= 64<<10 && n&(n-1) == 0 }
 
-// Create makes a new thin volume: a sparse raw file of o.Size bytes (no
-// blocks allocated) and its metadata.
-func (s *Store) Create(o CreateOptions) (Meta, error) {
+// newMeta validates o and returns the metadata of a new volume.
+func newMeta(o CreateOptions) (Meta, error) {
 	if err := ValidateName(o.Name); err != nil {
 		return Meta{}, err
 	}
@@ -622,23 +638,20 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 		Created:           time.Now().UTC().Truncate(time.Second),
 		Description:       o.Description,
 	}
+	return m, nil
+}
+
+// Create makes a new thin volume: a sparse raw file of o.Size bytes (no
+// blocks allocated) and its metadata.
+func (s *Store) Create(o CreateOptions) (Meta, error) {
+	m, err := newMeta(o)
+	if err != nil {
+		return Meta{}, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return Meta{}, errors.New("volume: store closed")
-	}
-	if _, err := os.Stat(s.metaPath(o.Name)); err == nil {
-		return Meta{}, fmt.Errorf("%w: %s", ErrExists, o.Name)
-	}
-	// O_TRUNC: a raw file without metadata is crash debris (see package doc).
-	// Remove first rather than O_TRUNC: the new volume gets a new inode
-	// (a new data identity), and the debris's mode does not carry over.
-	os.Remove(s.RawPath(o.Name))
-	// Likewise a state directory without metadata (a crash between Delete's
-	// metadata removal and its state removal): a new volume must not inherit
-	// a deleted one's replication settings or generations.
-	if err := os.RemoveAll(filepath.Join(s.vdir, o.Name+stateExt)); err != nil {
-		return Meta{}, fmt.Errorf("volume: create %s: remove leftover state: %w", o.Name, err)
+	if err := s.prepareNewLocked(o.Name); err != nil {
+		return Meta{}, err
 	}
 	f, err := os.OpenFile(s.RawPath(o.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
@@ -662,6 +675,28 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 		return Meta{}, err
 	}
 	return m, nil
+}
+
+// prepareNewLocked checks that no volume name exists and removes the
+// debris of an earlier one of that name. REQUIRES: s.mu held.
+func (s *Store) prepareNewLocked(name string) error {
+	if s.closed {
+		return errors.New("volume: store closed")
+	}
+	if _, err := os.Stat(s.metaPath(name)); err == nil {
+		return fmt.Errorf("%w: %s", ErrExists, name)
+	}
+	// A raw file without metadata is crash debris (see package doc).
+	// Remove it rather than reuse it (O_TRUNC): the new volume gets a new
+	// inode (a new data identity), and the debris's mode does not carry over.
+	os.Remove(s.RawPath(name))
+	// Likewise a state directory without metadata (a crash between Delete's
+	// metadata removal and its state removal): a new volume must not inherit
+	// a deleted one's replication settings or generations.
+	if err := os.RemoveAll(filepath.Join(s.vdir, name+stateExt)); err != nil {
+		return fmt.Errorf("volume: create %s: remove leftover state: %w", name, err)
+	}
+	return nil
 }
 
 func (s *Store) writeMeta(m Meta) error {

@@ -135,7 +135,9 @@ type vmsanEngine struct {
 	MergeRatio     float64 `json:"merge_ratio"`
 	MeanWriteBytes float64 `json:"mean_write_bytes"`
 	Raw            struct {
-		Requests struct{ Write uint64 } `json:"Requests"`
+		Requests struct {
+			Write uint64 `json:"write"`
+		} `json:"requests"`
 	} `json:"raw"`
 }
 

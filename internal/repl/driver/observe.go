@@ -80,6 +80,19 @@ func classifyDisconnect(reason string, linkErr error) string {
 	return ReasonOther
 }
 
+// linkErrReason is the disconnect reason (status last_error) for a
+// transport error: the peer closing the connection is said in words
+// ("read: EOF" reads like a bug to an operator).
+func linkErrReason(err error) string {
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "peer stopped (connection closed)"
+	case classifyLinkErr(err) == ReasonPeerClosed:
+		return "peer stopped (connection reset)"
+	}
+	return err.Error()
+}
+
 func classifyLinkErr(err error) string {
 	switch {
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
@@ -189,7 +202,7 @@ func (o *observer) ackHistogram() ioengine.Histogram {
 // about. REQUIRES: loop.
 func (r *Replica) noteDisconnect(reason string) {
 	var le error
-	if r.obs.linkErr != nil && r.obs.linkErr.Error() == reason {
+	if r.obs.linkErr != nil && linkErrReason(r.obs.linkErr) == reason {
 		le = r.obs.linkErr
 	}
 	r.obs.linkErr = nil

@@ -171,7 +171,7 @@ const drainTimeout = 10 * time.Second
 func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	r := p.replica(req.PathValue("volume"))
 	if r == nil {
-		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found", Message: "volume is not replicated here"})
+		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found", Message: fmt.Sprintf("volume %q is not replicated on this node", req.PathValue("volume"))})
 		return
 	}
 	var err error

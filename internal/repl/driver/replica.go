@@ -421,7 +421,7 @@ func (r *Replica) handle(ev event) {
 			r.log.Warn("replication link lost", "err", ev.err)
 			r.dropLink()
 			r.obs.linkErr = ev.err
-			r.node.Disconnect(ev.err.Error())
+			r.node.Disconnect(linkErrReason(ev.err))
 		}
 	case evConn:
 		r.addHalf(ev)

@@ -466,17 +466,15 @@ type cmd struct {
 	senseBuf [maxSense]byte
 	req      ioengine.Request
 	bufp     *[]byte // pooled data-in or scratch buffer (released with res)
-	gate     bool    // holds lu.writeGate for reading (a write in flight)
-	gateX    bool    // holds lu.writeGate exclusively (COMPARE AND WRITE)
+	// ranges is UNMAP's descriptor list for its one engine request
+	// (kept across pool reuse: no allocation per command).
+	ranges []ioengine.Range
 
 	// Data-path state across engine completions.
 	stage  uint8
 	lba    uint64
 	nblk   uint64
 	xfer   uint64 // the CDB's transfer length in bytes (residuals)
-	off    int64  // next offset (chunked WRITE SAME, UNMAP)
-	end    int64
-	idx    int
 	fua    bool
 	onDone func(*ioengine.Request)
 	relFn  func()
@@ -514,7 +512,7 @@ func (c *cmd) release() {
 func (t *Target) Execute(task *Task, done func(*Result)) {
 	c := getCmd()
 	c.t, c.task, c.done = t, task, done
-	c.stage, c.fua, c.gate, c.gateX, c.desc, c.admitted = 0, false, false, false, false, false
+	c.stage, c.fua, c.desc, c.admitted = 0, false, false, false
 	c.xfer = 0
 	cdb := task.CDB
 	if len(cdb) == 0 {

@@ -46,10 +46,6 @@ type Volume struct {
 	gone      atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
-
-	// gate holds new writes while a snapshot is taken (Quiesce): every
-	// mutating Submit holds it shared for the length of the call.
-	gate sync.RWMutex
 }
 
 // Open opens a volume's backend and starts its engine. maxPayload is the
@@ -210,12 +206,6 @@ func (d *device) Submit(r *ioengine.Request) {
 	if d.v.gone.Load() {
 		r.Err = ErrVolumeGone
 		r.Done(r)
-		return
-	}
-	if mutates(r.Op) {
-		d.v.gate.RLock()
-		d.v.eng.Submit(r)
-		d.v.gate.RUnlock()
 		return
 	}
 	d.v.eng.Submit(r)

@@ -61,6 +61,13 @@ func (d *device) Info() export.Info {
 var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in progress): %w", syscall.EIO)
 
 func (d *device) Submit(req *ioengine.Request) {
+	if ioengine.IsCompound(req) {
+		// Replication mirrors primitive writes: a compound request runs
+		// as its steps, each replicated (not atomic against other
+		// writers; see ioengine.RunSteps).
+		ioengine.RunSteps(req, d.Submit)
+		return
+	}
 	switch req.Op {
 	case ioengine.OpRead, ioengine.OpCache:
 		if !d.r.upToDate.Load() {

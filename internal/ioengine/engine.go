@@ -1007,7 +1007,7 @@ func (e *Engine) exec(head *item, bufs [][]byte) [][]byte {
 	case OpWriteRepeat:
 		bufs, err = e.writeRepeat(head, bufs)
 	case OpCompareWrite, OpOrWrite:
-		err = e.readModifyWrite(head)
+		bufs, err = e.readModifyWrite(head, bufs)
 	case OpCache:
 		if p, ok := e.b.(interface{ Prefetch(off, length int64) error }); ok {
 			err = p.Prefetch(head.off, head.end-head.off)
@@ -1054,25 +1054,26 @@ var ErrMiscompare = errors.New("ioengine: compare and write: data differs")
 // request overlapping the range runs meanwhile (it conflicts with this
 // one), whatever front end submitted it: the read and the write are one
 // atomic step for every other user of the engine.
-func (e *Engine) readModifyWrite(it *item) error {
+// bufs is the worker's reused iovec list (no allocation per request).
+func (e *Engine) readModifyWrite(it *item, bufs [][]byte) ([][]byte, error) {
 	n := it.end - it.off
 	r := it.r
 	cur := r.Aux[:n]
-	one := [1][]byte{cur}
-	if err := e.b.ReadvAt(one[:], it.off); err != nil {
-		return err
+	bufs = append(bufs[:0], cur)
+	if err := e.b.ReadvAt(bufs, it.off); err != nil {
+		return bufs, err
 	}
 	if it.op == OpCompareWrite {
 		if !bytes.Equal(cur, r.Data[:n]) {
-			return ErrMiscompare
+			return bufs, ErrMiscompare
 		}
-		one[0] = r.Data[n : 2*n]
+		bufs[0] = r.Data[n : 2*n]
 	} else {
 		for i, b := range r.Data[:n] {
 			cur[i] |= b
 		}
 	}
-	return e.b.WritevAt(one[:], it.off, it.fua)
+	return bufs, e.b.WritevAt(bufs, it.off, it.fua)
 }
 
 // completeLocked finishes a batch: records stats, releases dependents,

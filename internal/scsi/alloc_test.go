@@ -26,7 +26,7 @@ func TestReadWriteAllocs(t *testing.T) {
 	ws := &Task{Nexus: f.n, CDB: cdb16(opWriteSame16, 0, 64, 16), DataOut: pattern(512, 3), ExpectedOut: 512}
 	um := make([]byte, 8+2*16)
 	um[1], um[3] = byte(len(um)-2), 32
-	um[8+7], um[8+11] = 100, 4  // LBA 100, 4 blocks
+	um[8+7], um[8+11] = 100, 4   // LBA 100, 4 blocks
 	um[24+7], um[24+11] = 200, 4 // LBA 200, 4 blocks
 	unmap := &Task{Nexus: f.n, CDB: cdb10(opUnmap, 0, 0, uint16(len(um))), DataOut: um, ExpectedOut: uint32(len(um))}
 	cawCDB := cdb16(opCompareAndWrite, 0, 300, 0)

@@ -8,34 +8,11 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
-	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/nbd/client"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/nbd/server/servertest"
 )
-
-// slowReads delays every read's completion (after the data was read),
-// widening the window between COMPARE AND WRITE's read and its write.
-type slowReads struct{ export.Device }
-
-func (d slowReads) Submit(r *ioengine.Request) {
-	if r.Op != ioengine.OpRead {
-		d.Device.Submit(r)
-		return
-	}
-	done := r.Done
-	r.Inline = false
-	r.Done = func(r *ioengine.Request) {
-		go func() {
-			time.Sleep(2 * time.Millisecond)
-			r.Done = done
-			done(r)
-		}()
-	}
-	d.Device.Submit(r)
-}
 
 // TestCompareAndWriteAtomicAgainstWrites: a WRITE issued while a COMPARE
 // AND WRITE is between its compare and its write must be ordered after it
@@ -43,9 +20,7 @@ func (d slowReads) Submit(r *ioengine.Request) {
 // what remains. A WRITE slipping in between would leave the COMPARE AND
 // WRITE's data instead.
 func TestCompareAndWriteAtomicAgainstWrites(t *testing.T) {
-	base := exporttest.NewMemDevice(t, "vol", testSize)
-	f := newFixtureDev(t, base)
-	f.reg.Add(slowReads{base})
+	f := newFixtureDev(t, exporttest.NewDevice(t, "vol", slowReadBackend{backend.NewMem(testSize)}))
 	a, b := nexus("iqn.a", 1), nexus("iqn.b", 1)
 	f.ready(a)
 	f.ready(b)

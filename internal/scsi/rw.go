@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 
-	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -86,8 +86,8 @@ func (l *lu) maxTransfer() uint32 { return l.maxXfer }
 // submit sends c.req to the device, from Execute (never from a
 // completion: see the stages). inline: the engine may run it on the
 // submitting goroutine.
-func (c *cmd) submit(op ioengine.Op, off, length int64, data []byte, inline bool) {
-	c.req = ioengine.Request{Op: op, Offset: off, Length: length, Data: data, FUA: c.fua, Inline: inline, Done: c.onDone}
+func (c *cmd) submit(op export.Op, off, length int64, data []byte, inline bool) {
+	c.req = export.Request{Op: op, Offset: off, Length: length, Data: data, FUA: c.fua, Inline: inline, Done: c.onDone}
 	if inline {
 		// The hints volrt.Lifecycle.Submit gives on the NBD path: nothing
 		// more buffered means the initiator likely waits for this one.
@@ -117,7 +117,7 @@ func (c *cmd) read() {
 	}
 	c.bufp = volrt.GetBuf(int(n))
 	c.stage = stRead
-	c.submit(ioengine.OpRead, int64(lba<<c.lu.bsShift), int64(n), *c.bufp, true)
+	c.submit(export.OpRead, int64(lba<<c.lu.bsShift), int64(n), *c.bufp, true)
 }
 
 func (c *cmd) write() {
@@ -128,7 +128,7 @@ func (c *cmd) write() {
 	}
 	c.fua = cdb[0]>>5 != 0 && cdb[1]&0x08 != 0
 	c.stage = stWrite
-	c.submit(ioengine.OpWrite, int64(lba<<c.lu.bsShift), int64(n), c.task.DataOut[:n], true)
+	c.submit(export.OpWrite, int64(lba<<c.lu.bsShift), int64(n), c.task.DataOut[:n], true)
 }
 
 // writeSpan checks a data-out write CDB (READ/WRITE family layout: the
@@ -191,7 +191,7 @@ func (c *cmd) verify() {
 	c.nblk = nblk
 	c.bufp = volrt.GetBuf(int(nblk << c.lu.bsShift))
 	c.stage = stVerify
-	c.submit(ioengine.OpRead, int64(lba<<c.lu.bsShift), int64(len(*c.bufp)), *c.bufp, true)
+	c.submit(export.OpRead, int64(lba<<c.lu.bsShift), int64(len(*c.bufp)), *c.bufp, true)
 }
 
 func (c *cmd) syncCache() {
@@ -207,7 +207,7 @@ func (c *cmd) syncCache() {
 	}
 	// The engine flushes the whole volume: a superset of the range.
 	c.stage = stFlush
-	c.submit(ioengine.OpFlush, 0, 0, nil, true)
+	c.submit(export.OpFlush, 0, 0, nil, true)
 }
 
 func (c *cmd) writeSame() {
@@ -262,11 +262,11 @@ func (c *cmd) writeSame() {
 	case unmap && !anchor:
 		// An unmap operation (SBC-3 5.42): the blocks are deallocated
 		// whatever the data-out holds, and read as zeroes (LBPRZ=1).
-		c.submit(ioengine.OpTrim, off, end-off, nil, true)
+		c.submit(export.OpTrim, off, end-off, nil, true)
 		return
 	case unmap || pattern == nil || volrt.IsZero(pattern):
 		// Anchored, or zeroes written: the range stays allocated.
-		c.req = ioengine.Request{Op: ioengine.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
+		c.req = export.Request{Op: export.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
 		c.lu.dev.Submit(&c.req)
 		return
 	}
@@ -279,7 +279,7 @@ func (c *cmd) writeSame() {
 	for i := 0; i < len(buf); i += len(pattern) {
 		copy(buf[i:], pattern)
 	}
-	c.req = ioengine.Request{Op: ioengine.OpWriteRepeat, Offset: off, Length: end - off, Data: buf, Done: c.onDone}
+	c.req = export.Request{Op: export.OpWriteRepeat, Offset: off, Length: end - off, Data: buf, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
 
@@ -331,7 +331,7 @@ func (c *cmd) unmap() {
 			continue
 		}
 		off, l := int64(lba<<c.lu.bsShift), int64(n<<c.lu.bsShift)
-		c.ranges = append(c.ranges, ioengine.Range{Offset: off, Length: l})
+		c.ranges = append(c.ranges, export.Range{Offset: off, Length: l})
 		if lo < 0 || off < lo {
 			lo = off
 		}
@@ -341,12 +341,12 @@ func (c *cmd) unmap() {
 		c.finishStatus(StatusGood)
 		return
 	}
-	op, anchor := ioengine.OpTrim, cdb[1]&0x01 != 0
+	op, anchor := export.OpTrim, cdb[1]&0x01 != 0
 	if anchor {
-		op = ioengine.OpWriteZeroes
+		op = export.OpWriteZeroes
 	}
 	c.stage = stWrite
-	c.req = ioengine.Request{Op: op, Offset: lo, Length: hi - lo, Ranges: c.ranges, NoHole: anchor, Done: c.onDone}
+	c.req = export.Request{Op: op, Offset: lo, Length: hi - lo, Ranges: c.ranges, NoHole: anchor, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
 
@@ -381,7 +381,7 @@ func (c *cmd) compareAndWrite() {
 	n := nblk << c.lu.bsShift
 	c.bufp = volrt.GetBuf(int(n))
 	c.stage = stCAW
-	c.req = ioengine.Request{Op: ioengine.OpCompareWrite, Offset: int64(lba << c.lu.bsShift), Length: int64(n),
+	c.req = export.Request{Op: export.OpCompareWrite, Offset: int64(lba << c.lu.bsShift), Length: int64(n),
 		Data: c.task.DataOut[:2*n], Aux: *c.bufp, FUA: c.fua, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
@@ -399,7 +399,7 @@ func (c *cmd) orWrite() {
 	c.fua = cdb[1]&0x08 != 0
 	c.bufp = volrt.GetBuf(int(n))
 	c.stage = stWrite
-	c.req = ioengine.Request{Op: ioengine.OpOrWrite, Offset: int64(lba << c.lu.bsShift), Length: int64(n),
+	c.req = export.Request{Op: export.OpOrWrite, Offset: int64(lba << c.lu.bsShift), Length: int64(n),
 		Data: c.task.DataOut[:n], Aux: *c.bufp, FUA: c.fua, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
@@ -421,8 +421,8 @@ func miscompareAt(a, b []byte) (senseInfo, bool) {
 
 // engineDone is every engine request's Done: it completes the command
 // according to c.stage (it never submits: see the stages).
-func (c *cmd) engineDone(r *ioengine.Request) {
-	if c.stage == stCAW && errors.Is(r.Err, ioengine.ErrMiscompare) {
+func (c *cmd) engineDone(r *export.Request) {
+	if c.stage == stCAW && errors.Is(r.Err, export.ErrMiscompare) {
 		n := int(c.nblk << c.lu.bsShift)
 		if s, bad := miscompareAt(c.task.DataOut[:n], r.Aux[:n]); bad {
 			c.fail(s)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -464,11 +463,11 @@ type cmd struct {
 
 	res      Result
 	senseBuf [maxSense]byte
-	req      ioengine.Request
+	req      export.Request
 	bufp     *[]byte // pooled data-in or scratch buffer (released with res)
 	// ranges is UNMAP's descriptor list for its one engine request
 	// (kept across pool reuse: no allocation per command).
-	ranges []ioengine.Range
+	ranges []export.Range
 
 	// Data-path state across engine completions.
 	stage  uint8
@@ -476,7 +475,7 @@ type cmd struct {
 	nblk   uint64
 	xfer   uint64 // the CDB's transfer length in bytes (residuals)
 	fua    bool
-	onDone func(*ioengine.Request)
+	onDone func(*export.Request)
 	relFn  func()
 	// admitted: counted in t.admitted until finishStatus.
 	admitted bool
@@ -502,7 +501,7 @@ func (c *cmd) release() {
 		c.bufp = nil
 	}
 	c.t, c.lu, c.task, c.d, c.done = nil, nil, nil, nil, nil
-	c.req = ioengine.Request{}
+	c.req = export.Request{}
 	c.res = Result{}
 	cmdPool.Put(c)
 }

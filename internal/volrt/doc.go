@@ -13,7 +13,7 @@
 //	defer dev.Release()
 //
 //	var lc volrt.Lifecycle                // one per request in flight
-//	r := &ioengine.Request{Op: ioengine.OpRead, Offset: 0, Length: 4096,
+//	r := &export.Request{Op: export.OpRead, Offset: 0, Length: 4096,
 //		Data: *volrt.GetBuf(4096), Done: onDone, Inline: true}
 //	if lc.Submit(dev, r, false) { /* completed already: reply here */ }
 //	// onDone calls lc.Complete(); false means "reply from your writer".

@@ -202,13 +202,12 @@ type device struct {
 
 func (d *device) Info() export.Info { return d.v.Info() }
 
-func (d *device) Submit(r *ioengine.Request) {
+func (d *device) Submit(r *export.Request) {
 	if d.v.gone.Load() {
-		r.Err = ErrVolumeGone
-		r.Done(r)
+		export.Finish(r, ErrVolumeGone)
 		return
 	}
-	d.v.eng.Submit(r)
+	d.v.eng.Submit(r.Engine())
 }
 
 func (d *device) Extents(off, length int64) ([]backend.Extent, error) {

@@ -7,7 +7,6 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 )
 
 // Wrap returns the device front ends should use for this volume: reads go
@@ -60,23 +59,23 @@ func (d *device) Info() export.Info {
 
 var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in progress): %w", syscall.EIO)
 
-func (d *device) Submit(req *ioengine.Request) {
-	if ioengine.IsCompound(req) {
+func (d *device) Submit(req *export.Request) {
+	if export.IsCompound(req) {
 		// Replication mirrors primitive writes: a compound request runs
 		// as its steps, each replicated (not atomic against other
-		// writers; see ioengine.RunSteps).
-		ioengine.RunSteps(req, d.Submit)
+		// writers; see export.RunSteps).
+		export.RunSteps(req, d.Submit)
 		return
 	}
 	switch req.Op {
-	case ioengine.OpRead, ioengine.OpCache:
+	case export.OpRead, export.OpCache:
 		if !d.r.upToDate.Load() {
 			finish(req, errNotUpToDate)
 			return
 		}
 		d.Device.Submit(req)
 		return
-	case ioengine.OpWriteZeroes:
+	case export.OpWriteZeroes:
 		if req.FastZero {
 			// The peer's zeroing speed is unknown: NBD lets us refuse.
 			finish(req, backend.ErrNotFast)

@@ -13,7 +13,7 @@
 //	r.Close()              // clean stop: bitmap complete on disk
 //
 // Files: replica.go (Start, the loop, local I/O: the secondary submits
-// applies with ioengine.Request.More while more are queued, so its writes
+// applies with export.Request.More while more are queued, so its writes
 // are gathered by what is queued), link.go (the two TCP connections),
 // store.go (Settings on disk, meta.json, bitmap.bin, al.bin), migrate.go
 // (moving state from the old <data_dir>/repl/<volume>), plugin.go (the
@@ -47,7 +47,6 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
 )
 
@@ -90,13 +89,13 @@ type Replica struct {
 	applyQ fifo[repl.Apply]
 	readQ  fifo[repl.Read]
 
-	clients  map[uint64]*ioengine.Request // loop only
-	link     *link                        // loop only
-	epoch    uint64                       // loop only
-	pending  map[uint64]*pendingPair      // loop only: accepted halves
-	inflight atomic.Int64                 // applies submitted and not completed
-	opens    atomic.Int64                 // wrapped devices not released: clients holding the volume
-	queued   atomic.Int64                 // applies in applyQ or being submitted by the submitter
+	clients  map[uint64]*export.Request // loop only
+	link     *link                      // loop only
+	epoch    uint64                     // loop only
+	pending  map[uint64]*pendingPair    // loop only: accepted halves
+	inflight atomic.Int64               // applies submitted and not completed
+	opens    atomic.Int64               // wrapped devices not released: clients holding the volume
+	queued   atomic.Int64               // applies in applyQ or being submitted by the submitter
 
 	// rxBudget bounds stream data received but not yet applied, so a slow
 	// secondary disk pushes back on the TCP data connection (and so on the
@@ -155,7 +154,7 @@ type event struct {
 	epoch uint64
 	msg   repl.Message
 	err   error
-	req   *ioengine.Request
+	req   *export.Request
 	fn    func()
 	ch    byte
 	conn  net.Conn
@@ -230,7 +229,7 @@ func Start(o Options) (*Replica, error) {
 		tick:    tk.Tick,
 		node:    repl.NewNode(cfg, m, words, al),
 		events:  make(chan event, 1024),
-		clients: make(map[uint64]*ioengine.Request),
+		clients: make(map[uint64]*export.Request),
 		pending: make(map[uint64]*pendingPair),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -394,10 +393,10 @@ func (r *Replica) handle(ev event) {
 	}
 }
 
-func (r *Replica) propose(req *ioengine.Request) {
+func (r *Replica) propose(req *export.Request) {
 	w := repl.Write{Offset: req.Offset, Length: req.Length, FUA: req.FUA, NoHole: req.NoHole}
 	switch req.Op {
-	case ioengine.OpWrite:
+	case export.OpWrite:
 		w.Op, w.Data = repl.OpWrite, req.Data
 		if r.protoA {
 			// Under protocol A the client is answered once the write is
@@ -407,11 +406,11 @@ func (r *Replica) propose(req *ioengine.Request) {
 			// C answer only after the peer has received the data.)
 			w.Data = append([]byte(nil), req.Data...)
 		}
-	case ioengine.OpTrim:
+	case export.OpTrim:
 		w.Op = repl.OpTrim
-	case ioengine.OpWriteZeroes:
+	case export.OpWriteZeroes:
 		w.Op = repl.OpZero
-	case ioengine.OpFlush:
+	case export.OpFlush:
 		w.Op = repl.OpFlush
 	}
 	id, err := r.node.Propose(w)
@@ -432,7 +431,7 @@ func mapErr(err error) error {
 	return fmt.Errorf("%w: %w", err, syscall.EIO)
 }
 
-func finish(req *ioengine.Request, err error) {
+func finish(req *export.Request, err error) {
 	req.Err = err
 	if req.Done != nil {
 		req.Done(req)
@@ -551,29 +550,29 @@ func (r *Replica) submitter() {
 }
 
 // submit hands one apply to the engine; more says the caller holds the
-// next apply already (ioengine.Request.More: the secondary has the
+// next apply already (export.Request.More: the secondary has the
 // replication stream's window in hand, so its writes are gathered by what
 // is queued rather than by the engine's timed backstop alone).
 // REQUIRES: called by the loop (when queued == 0) or by the submitter,
 // never both at once for consecutive applies (see queued).
 func (r *Replica) submit(a repl.Apply, more bool) {
-	req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID, More: more}
+	req := &export.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID, More: more}
 	switch a.Op {
 	case repl.OpWrite:
-		req.Op = ioengine.OpWrite
+		req.Op = export.OpWrite
 	case repl.OpTrim:
-		req.Op = ioengine.OpTrim
+		req.Op = export.OpTrim
 	case repl.OpZero:
-		req.Op, req.NoHole = ioengine.OpWriteZeroes, a.NoHole
+		req.Op, req.NoHole = export.OpWriteZeroes, a.NoHole
 	case repl.OpFlush:
-		req.Op = ioengine.OpFlush
+		req.Op = export.OpFlush
 	}
 	bytes := int64(len(a.Data))
 	var rxBuf []byte
 	if a.Received {
 		rxBuf = a.Data
 	}
-	req.Done = func(q *ioengine.Request) {
+	req.Done = func(q *export.Request) {
 		r.comp.push(completion{id: q.Cookie, err: q.Err, bytes: bytes, rxBuf: rxBuf})
 	}
 	r.dev.Submit(req)
@@ -597,8 +596,8 @@ func (r *Replica) resyncReader() {
 func (r *Replica) readRange(off, length int64) ([]byte, error) {
 	buf := make([]byte, length)
 	done := make(chan error, 1)
-	r.dev.Submit(&ioengine.Request{Op: ioengine.OpRead, Offset: off, Length: length, Data: buf,
-		Done: func(q *ioengine.Request) { done <- q.Err }})
+	r.dev.Submit(&export.Request{Op: export.OpRead, Offset: off, Length: length, Data: buf,
+		Done: func(q *export.Request) { done <- q.Err }})
 	return buf, <-done
 }
 

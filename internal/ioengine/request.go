@@ -65,8 +65,8 @@ func (o Op) String() string {
 
 // Request is the engine's request type. Front ends do not use it: they
 // submit export.Request to a device, and the runtime's device submits the
-// engine request stored inside it (export.Request.Engine); replication's
-// receiver and tests submit Requests directly.
+// engine request stored inside it (export.Request.Engine); the runtime
+// and tests submit Requests directly.
 //
 // The submitter owns the Request until Done is called, and the engine owns
 // it from Submit until Done returns. Done is called exactly once, from an

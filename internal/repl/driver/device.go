@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/repl"
 )
 
 // Wrap returns the device front ends should use for this volume: reads go
@@ -60,10 +61,20 @@ func (d *device) Info() export.Info {
 var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in progress): %w", syscall.EIO)
 
 func (d *device) Submit(req *export.Request) {
+	if req.Op == export.OpCompareWrite || req.Op == export.OpOrWrite {
+		// Atomic against every client write of the volume: under the
+		// loop's range lock (rmw.go).
+		if !d.r.primary.Load() {
+			finish(req, mapErr(repl.ErrNotPrimary))
+			return
+		}
+		d.readModifyWrite(req)
+		return
+	}
 	if export.IsCompound(req) {
-		// Replication mirrors primitive writes: a compound request runs
-		// as its steps, each replicated (not atomic against other
-		// writers; see export.RunSteps).
+		// Replication mirrors primitive writes: a pattern write or a
+		// trim list runs as its steps, each replicated (ordered as
+		// separate requests; see ioengine.RunSteps).
 		export.RunSteps(req, d.Submit)
 		return
 	}

@@ -89,13 +89,17 @@ type Replica struct {
 	applyQ fifo[repl.Apply]
 	readQ  fifo[repl.Read]
 
-	clients  map[uint64]*export.Request // loop only
-	link     *link                      // loop only
-	epoch    uint64                     // loop only
-	pending  map[uint64]*pendingPair    // loop only: accepted halves
-	inflight atomic.Int64               // applies submitted and not completed
-	opens    atomic.Int64               // wrapped devices not released: clients holding the volume
-	queued   atomic.Int64               // applies in applyQ or being submitted by the submitter
+	clients map[uint64]*export.Request // loop only
+	// rmwLocks and rmwDeferred: read-modify-write range locks and the
+	// client writes they hold back (rmw.go). Loop only.
+	rmwLocks    []*rmwLock
+	rmwDeferred []*export.Request
+	link        *link                   // loop only
+	epoch       uint64                  // loop only
+	pending     map[uint64]*pendingPair // loop only: accepted halves
+	inflight    atomic.Int64            // applies submitted and not completed
+	opens       atomic.Int64            // wrapped devices not released: clients holding the volume
+	queued      atomic.Int64            // applies in applyQ or being submitted by the submitter
 
 	// rxBudget bounds stream data received but not yet applied, so a slow
 	// secondary disk pushes back on the TCP data connection (and so on the
@@ -155,6 +159,7 @@ type event struct {
 	msg   repl.Message
 	err   error
 	req   *export.Request
+	owner *rmwLock // evPropose: the range lock this write belongs to
 	fn    func()
 	ch    byte
 	conn  net.Conn
@@ -302,6 +307,8 @@ func (r *Replica) Addr() net.Addr { return r.ln.Addr() }
 func (r *Replica) loop() {
 	defer r.wg.Done()
 	defer close(r.done)
+	// Deferred writes belong to clients waiting for them: never dropped.
+	defer r.rmwFail(errStopped)
 	t := time.NewTicker(r.tick)
 	defer t.Stop()
 	for {
@@ -387,13 +394,18 @@ func (r *Replica) handle(ev event) {
 	case evConn:
 		r.addHalf(ev)
 	case evPropose:
-		r.propose(ev.req)
+		r.propose(ev.req, ev.owner)
 	case evFn:
 		ev.fn()
 	}
 }
 
-func (r *Replica) propose(req *export.Request) {
+// propose hands a client request to the node, unless a read-modify-write
+// range lock other than owner holds it back (rmw.go).
+func (r *Replica) propose(req *export.Request, owner *rmwLock) {
+	if r.rmwDefer(req, owner) {
+		return
+	}
 	w := repl.Write{Offset: req.Offset, Length: req.Length, FUA: req.FUA, NoHole: req.NoHole}
 	switch req.Op {
 	case export.OpWrite:
@@ -484,6 +496,9 @@ func (r *Replica) process() error {
 				finish(req, err)
 			}
 		}
+		if len(r.rmwLocks) > 0 && len(rd.Release) > 0 {
+			r.rmwGrant()
+		}
 		if rd.Disconnect != "" {
 			r.noteDisconnect(rd.Disconnect)
 			r.dropLink()
@@ -524,6 +539,7 @@ func (r *Replica) failAll(err error) {
 		delete(r.clients, id)
 		finish(req, fmt.Errorf("replication stopped: %w: %w", err, syscall.EIO))
 	}
+	r.rmwFail(fmt.Errorf("replication stopped: %w: %w", err, syscall.EIO))
 	r.dropLink()
 }
 

@@ -9,7 +9,6 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -58,7 +57,7 @@ func TestDeleteNeverWhileHeld(t *testing.T) {
 					// wrongly succeeds while the device is held makes the
 					// second (at least) fail.
 					for i := 0; i < 2; i++ {
-						dev.Submit(&ioengine.Request{Op: ioengine.OpRead, Length: 4096, Data: buf, Done: func(q *ioengine.Request) { done <- q.Err }})
+						dev.Submit(&export.Request{Op: export.OpRead, Length: 4096, Data: buf, Done: func(q *export.Request) { done <- q.Err }})
 						if err := <-done; errors.Is(err, errVolumeGone) {
 							violations.Add(1)
 						}

@@ -25,8 +25,9 @@ import (
 //	POST   /v1/import                                 ImportRequest -> VolumeInfo (201)
 //
 // Consistency: a snapshot, a clone of a live volume and a rollback run
-// with the volume quiesced (volrt.Volume.Quiesce: new writes held, the
-// writes already accepted completed and flushed), so the copy is the
+// with the volume quiesced (volrt.Volume.Quiesce: an engine barrier; new
+// writes queued behind it, the writes already accepted completed and
+// flushed), so the copy is the
 // volume as of one instant with every acknowledged write in it.
 //
 // Snapshots are served read-only under the export name VOL@SNAP: opened

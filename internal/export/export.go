@@ -7,7 +7,10 @@
 //	dev, err := reg.Open(name) // a reference is held
 //	defer dev.Release()
 //	info := dev.Info()
-//	dev.Submit(req)            // req.Done is called exactly once
+//	dev.Submit(req)            // *export.Request; req.Done is called exactly once
+//
+// Front ends submit Requests (request.go), the runtime's request type,
+// not the engine's: what executes them is the runtime's business.
 //
 // The production Device is volrt.Volume's (daemon's registry hands it
 // out); replication's driver wraps it, which is why the interfaces live
@@ -18,7 +21,6 @@ package export
 
 import (
 	"github.com/vmsan/vmsan/internal/backend"
-	"github.com/vmsan/vmsan/internal/ioengine"
 )
 
 // Info is what a front end advertises for a device.
@@ -45,7 +47,7 @@ type Info struct {
 type Device interface {
 	Info() Info
 	// Submit queues r; r.Done is called exactly once.
-	Submit(r *ioengine.Request)
+	Submit(r *Request)
 	// Extents answers block status for [off, off+length).
 	Extents(off, length int64) ([]backend.Extent, error)
 	// Release drops the reference taken by Registry.Open.

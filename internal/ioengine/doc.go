@@ -30,6 +30,18 @@
 //     has returned, so every write completed before the FLUSH was submitted
 //     is durable (per cache mode). Requests submitted after a FLUSH do not
 //     wait for it.
+//   - A barrier (Barrier) holds once every modifying request submitted
+//     before it has returned from the backend and backend.Sync has
+//     returned; no modifying request submitted after it starts until it
+//     is released. Later requests are queued, never blocked in Submit by
+//     it (only MaxQueue blocks Submit), so no submitter or Done callback
+//     can wait on a barrier. Reads and flushes pass it.
+//   - A compound request (OpWriteRepeat, OpCompareWrite, OpOrWrite, a
+//     trim or write-zeroes over Ranges) is one request over its whole
+//     range: nothing overlapping runs between its steps, whoever
+//     submitted it, so COMPARE AND WRITE is atomic against every front
+//     end. A command made of several steps is one compound request, not
+//     a chain submitted from Done callbacks.
 //   - A FUA write (or write-zeroes) is durable when it completes: a merged
 //     run containing a FUA write is written with fua for the whole run.
 //   - At most Config.Workers backend calls run at once, and at most

@@ -1,6 +1,7 @@
 package ioengine
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sync"
@@ -145,6 +146,9 @@ type item struct {
 	submitted    int64
 	bnext        *item // next in the batch being executed
 	err          error
+	// A barrier: holding once it has executed (its submitter was told),
+	// released when Barrier's release completes it.
+	holding, released bool
 }
 
 type span struct{ off, end int64 }
@@ -261,7 +265,17 @@ func New(b backend.Backend, cfg Config) *Engine {
 // now is the engine clock: nanoseconds since New, read from Config.Clock.
 func (e *Engine) now() int64 { return int64(e.clock.Now().Sub(e.t0)) }
 
-func validOp(op Op) bool { return op >= OpRead && op <= OpCache }
+func validOp(op Op) bool { return op >= OpRead && op <= OpOrWrite }
+
+// modifies reports whether op changes data: what a barrier holds back and
+// what conflicts with overlapping requests of any kind.
+func modifies(op Op) bool {
+	switch op {
+	case OpWrite, OpTrim, OpWriteZeroes, OpWriteRepeat, OpCompareWrite, OpOrWrite:
+		return true
+	}
+	return false
+}
 
 func (e *Engine) validate(r *Request) error {
 	if !validOp(r.Op) || r.Offset < 0 || r.Length < 0 {
@@ -274,6 +288,27 @@ func (e *Engine) validate(r *Request) error {
 		if int64(len(r.Data)) != r.Length {
 			return ErrInvalid
 		}
+	case OpWriteRepeat:
+		if len(r.Data) == 0 {
+			return ErrInvalid
+		}
+	case OpCompareWrite:
+		if int64(len(r.Data)) != 2*r.Length || int64(len(r.Aux)) < r.Length {
+			return ErrInvalid
+		}
+	case OpOrWrite:
+		if int64(len(r.Data)) != r.Length || int64(len(r.Aux)) < r.Length {
+			return ErrInvalid
+		}
+	case OpTrim, OpWriteZeroes:
+		for _, x := range r.Ranges {
+			if x.Offset < r.Offset || x.Length < 0 || x.Offset > r.Offset+r.Length-x.Length {
+				return ErrInvalid
+			}
+		}
+	}
+	if r.Ranges != nil && r.Op != OpTrim && r.Op != OpWriteZeroes {
+		return ErrInvalid
 	}
 	if r.Offset > e.b.Size()-r.Length {
 		return backend.ErrOutOfRange
@@ -293,7 +328,9 @@ func finish(r *Request, err error) {
 //
 // Invalid requests, and requests submitted after Close, complete at once
 // with an error, with Done called from the submitting goroutine. Done must
-// not call Submit on the same Engine when the queue could be full.
+// not call Submit on the same Engine when the queue could be full: a
+// request made of several steps is one compound request (OpWriteRepeat,
+// Ranges, OpCompareWrite, OpOrWrite), not a chain submitted from Done.
 func (e *Engine) Submit(r *Request) {
 	if err := e.validate(r); err != nil {
 		e.mu.Lock()
@@ -310,6 +347,11 @@ func (e *Engine) Submit(r *Request) {
 		finish(r, nil)
 		return
 	}
+	e.queue(r)
+}
+
+// queue enqueues a validated request (Submit's, or Barrier's).
+func (e *Engine) queue(r *Request) {
 	e.mu.Lock()
 	for e.outstanding >= e.cfg.MaxQueue && !e.closing {
 		e.spaceWaiters++
@@ -325,7 +367,7 @@ func (e *Engine) Submit(r *Request) {
 	now := e.now()
 	it := e.allocLocked()
 	it.r, it.op, it.off, it.end = r, r.Op, r.Offset, r.Offset+r.Length
-	it.writes = r.Op == OpWrite || r.Op == OpTrim || r.Op == OpWriteZeroes
+	it.writes = modifies(r.Op)
 	it.fua = r.FUA
 	it.submitted = now
 	e.st.requests.add(r.Op, 1)
@@ -351,9 +393,11 @@ func (e *Engine) Submit(r *Request) {
 
 	// INVARIANT: a request waits for every earlier-submitted, unfinished
 	// request it conflicts with (overlapping ranges where at least one
-	// modifies data; for FLUSH, every earlier modifying request). So
-	// overlapping requests are never reordered, and a FLUSH runs Sync only
-	// after all writes submitted before it have returned from the backend.
+	// modifies data; for FLUSH and a barrier, every earlier modifying
+	// request; for a modifying request, every earlier barrier). So
+	// overlapping requests are never reordered, a FLUSH runs Sync only
+	// after all writes submitted before it have returned from the backend,
+	// and no write submitted after a barrier starts before it is released.
 	for o := e.outHead; o != nil; o = o.onext {
 		if conflicts(o, it) {
 			o.dependents = append(o.dependents, it)
@@ -491,13 +535,18 @@ func (e *Engine) noteSvc(op Op, d int64) {
 
 // conflicts reports whether later request n must wait for earlier request o.
 func conflicts(o, n *item) bool {
-	if n.op == OpFlush {
+	if n.op == OpFlush || n.op == OpBarrier {
 		return o.writes
 	}
 	if o.op == OpFlush {
 		// Requests after a FLUSH need not wait for it: FLUSH promises
 		// nothing about later writes.
 		return false
+	}
+	if o.op == OpBarrier {
+		// Writes after a barrier wait for its release; reads, flushes
+		// and cache hints do not.
+		return n.writes
 	}
 	if !o.writes && !n.writes {
 		return false
@@ -932,17 +981,33 @@ func (e *Engine) exec(head *item, bufs [][]byte) [][]byte {
 		// has returned from the backend (it was finished, or this FLUSH
 		// depends on it), so Sync makes it durable.
 		err = e.b.Sync()
-	case OpTrim:
-		err = e.b.Trim(head.off, head.end-head.off)
+	case OpBarrier:
+		// INVARIANT: every modifying request submitted before the barrier
+		// has returned from the backend (the barrier depends on it), so
+		// Sync makes all of them durable: the image is a consistent point
+		// in time while the barrier holds.
+		err = e.b.Sync()
+	case OpTrim, OpWriteZeroes:
+		r := head.r
+		if r.Ranges == nil {
+			err = e.zero(head.op, r, head.off, head.end-head.off)
+		}
+		for _, x := range r.Ranges {
+			if x.Length == 0 {
+				continue
+			}
+			if err = e.zero(head.op, r, x.Offset, x.Length); err != nil {
+				break
+			}
+		}
 		if err == nil && head.fua {
+			// INVARIANT: FUA trim/write-zeroes is durable before completion.
 			err = e.b.Sync()
 		}
-	case OpWriteZeroes:
-		err = e.b.WriteZeroes(head.off, head.end-head.off, !head.r.NoHole, head.r.FastZero)
-		if err == nil && head.fua {
-			// INVARIANT: FUA write-zeroes is durable before completion.
-			err = e.b.Sync()
-		}
+	case OpWriteRepeat:
+		bufs, err = e.writeRepeat(head, bufs)
+	case OpCompareWrite, OpOrWrite:
+		bufs, err = e.readModifyWrite(head, bufs)
 	case OpCache:
 		if p, ok := e.b.(interface{ Prefetch(off, length int64) error }); ok {
 			err = p.Prefetch(head.off, head.end-head.off)
@@ -954,6 +1019,63 @@ func (e *Engine) exec(head *item, bufs [][]byte) [][]byte {
 	return bufs
 }
 
+func (e *Engine) zero(op Op, r *Request, off, n int64) error {
+	if op == OpTrim {
+		return e.b.Trim(off, n)
+	}
+	return e.b.WriteZeroes(off, n, !r.NoHole, r.FastZero)
+}
+
+// writeRepeat writes an OpWriteRepeat's pattern over its range, up to
+// MaxMergeBytes (and maxRunItems copies of Data) per backend call.
+func (e *Engine) writeRepeat(it *item, bufs [][]byte) ([][]byte, error) {
+	p := it.r.Data
+	for off := it.off; off < it.end; {
+		bufs = bufs[:0]
+		n := int64(0)
+		for off+n < it.end && len(bufs) < maxRunItems && (n == 0 || n+int64(len(p)) <= e.cfg.MaxMergeBytes) {
+			k := min(int64(len(p)), it.end-off-n)
+			bufs = append(bufs, p[:k])
+			n += k
+		}
+		if err := e.b.WritevAt(bufs, off, it.fua); err != nil {
+			return bufs, err
+		}
+		off += n
+	}
+	return bufs, nil
+}
+
+// ErrMiscompare fails an OpCompareWrite whose compare instance differs
+// from the data read (left in Request.Aux).
+var ErrMiscompare = errors.New("ioengine: compare and write: data differs")
+
+// readModifyWrite executes OpCompareWrite and OpOrWrite. No other
+// request overlapping the range runs meanwhile (it conflicts with this
+// one), whatever front end submitted it: the read and the write are one
+// atomic step for every other user of the engine.
+// bufs is the worker's reused iovec list (no allocation per request).
+func (e *Engine) readModifyWrite(it *item, bufs [][]byte) ([][]byte, error) {
+	n := it.end - it.off
+	r := it.r
+	cur := r.Aux[:n]
+	bufs = append(bufs[:0], cur)
+	if err := e.b.ReadvAt(bufs, it.off); err != nil {
+		return bufs, err
+	}
+	if it.op == OpCompareWrite {
+		if !bytes.Equal(cur, r.Data[:n]) {
+			return bufs, ErrMiscompare
+		}
+		bufs[0] = r.Data[n : 2*n]
+	} else {
+		for i, b := range r.Data[:n] {
+			cur[i] |= b
+		}
+	}
+	return bufs, e.b.WritevAt(bufs, it.off, it.fua)
+}
+
 // completeLocked finishes a batch: records stats, releases dependents,
 // unlinks and recycles the items, and returns the requests whose Done is
 // to be called (after the lock is dropped).
@@ -962,7 +1084,9 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 	for it := head; it != nil; it = it.bnext {
 		bytes += it.end - it.off
 	}
-	e.st.backendOps.add(head.op, 1)
+	if !head.released {
+		e.st.backendOps.add(head.op, 1)
+	}
 	switch head.op {
 	case OpRead:
 		e.st.bytesRead += uint64(bytes)
@@ -970,10 +1094,25 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 	case OpWrite:
 		e.st.bytesWritten += uint64(bytes)
 		e.st.wsizes.record(bytes)
+	case OpWriteRepeat, OpCompareWrite, OpOrWrite:
+		if head.err == nil {
+			e.st.bytesWritten += uint64(bytes)
+		}
 	}
 	woke := 0
 	for it := head; it != nil; {
 		next := it.bnext
+		if it.op == OpBarrier && !it.released && it.err == nil {
+			// The barrier holds: its submitter hears so, and it stays
+			// outstanding (later writes keep depending on it) until
+			// releaseBarrier completes it.
+			it.holding = true
+			if it.r.Done != nil {
+				done = append(done, it.r)
+			}
+			it = next
+			continue
+		}
 		lat := now - it.submitted
 		e.st.latency.record(lat)
 		switch it.op {
@@ -1030,6 +1169,54 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 		e.spaceCond.Broadcast()
 	}
 	return done
+}
+
+// Barrier queues a barrier and waits until it holds: every write, trim,
+// write-zeroes and compound write submitted before it has completed and
+// the backend was synced (a consistent point-in-time image, what a
+// snapshot needs). Until release is called, modifying requests submitted
+// later wait in the queue behind it; their submitters are not blocked
+// (Submit returns; only the MaxQueue bound applies), so a Done callback
+// that submits, or an inline request's submitter, can never wait on the
+// barrier. Reads, flushes and cache hints keep flowing. release is
+// idempotent; it must be called (Close waits for it).
+//
+// A barrier is one queued request, not a lock held by submitters: the
+// ordering is the engine's, like every other.
+func (e *Engine) Barrier() (release func(), err error) {
+	ch := make(chan struct{}, 1)
+	r := &Request{Op: OpBarrier, Done: func(*Request) { ch <- struct{}{} }}
+	e.queue(r)
+	<-ch
+	if r.Err != nil {
+		return nil, r.Err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { e.releaseBarrier(r) }) }, nil
+}
+
+// releaseBarrier completes a holding barrier: the writes behind it become
+// ready.
+func (e *Engine) releaseBarrier(r *Request) {
+	e.mu.Lock()
+	var it *item
+	for o := e.outHead; o != nil; o = o.onext {
+		if o.r == r && o.holding {
+			it = o
+			break
+		}
+	}
+	if it == nil {
+		e.mu.Unlock()
+		return
+	}
+	it.released, it.bnext = true, nil
+	r.Done = nil
+	done := e.completeLocked(it, e.now(), nil)
+	e.mu.Unlock()
+	for _, d := range done {
+		d.Done(d)
+	}
 }
 
 // Do submits r and waits for it, returning r.Err. It uses r.Done and r.Ctx

@@ -240,11 +240,22 @@ func (j *jitter) WriteZeroes(off, n int64, t, f bool) error {
 // workers interleave, and must obey the same model.
 func TestReferenceModel(t *testing.T) {
 	for _, inline := range []bool{false, true} {
-		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) { referenceModel(t, inline) })
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) { referenceModel(t, inline, false) })
 	}
 }
 
-func referenceModel(t *testing.T, inline bool) {
+// TestReferenceModelCompound is TestReferenceModel with compound requests
+// (pattern writes, trim lists, compare-and-writes, some meant to
+// miscompare, or-writes) in the mix and barriers taken and released
+// meanwhile: every compound request must act as one step in submission
+// order, whatever runs around it.
+func TestReferenceModelCompound(t *testing.T) {
+	for _, inline := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inline=%v", inline), func(t *testing.T) { referenceModel(t, inline, true) })
+	}
+}
+
+func referenceModel(t *testing.T, inline, compound bool) {
 	const clients, region, steps = 4, 256 << 10, 1500
 	qd := 16
 	mem := backend.NewMem(clients * region)
@@ -257,6 +268,28 @@ func referenceModel(t *testing.T, inline bool) {
 	}
 	e := ioengine.New(b, cfg)
 	var wg sync.WaitGroup
+	stopBarriers := make(chan struct{})
+	barriersDone := make(chan int)
+	go func() {
+		n := 0
+		for compound {
+			select {
+			case <-stopBarriers:
+				barriersDone <- n
+				return
+			case <-time.After(time.Millisecond):
+			}
+			release, err := e.Barrier()
+			if err != nil {
+				t.Error(err)
+				break
+			}
+			n++
+			time.Sleep(200 * time.Microsecond)
+			release()
+		}
+		barriersDone <- n
+	}()
 	for c := 0; c < clients; c++ {
 		wg.Add(1)
 		go func(c int) {
@@ -281,7 +314,49 @@ func referenceModel(t *testing.T, inline bool) {
 				}
 				r := &ioengine.Request{Offset: base + off, Length: n, Inline: inline && rng.IntN(2) == 0}
 				var check func() error
-				switch k := rng.IntN(20); {
+				var wantErr error
+				k := rng.IntN(20)
+				if compound && k >= 15 && k < 17 {
+					k = 100 + rng.IntN(4)
+				}
+				switch {
+				case k == 100:
+					r.Op = ioengine.OpWriteRepeat
+					r.Data = make([]byte, 1+rng.IntN(600))
+					fill.Read(r.Data)
+					for j := range n {
+						model[off+j] = r.Data[j%int64(len(r.Data))]
+					}
+				case k == 101:
+					r.Op = ioengine.OpTrim
+					for range 1 + rng.IntN(4) {
+						ro := rng.Int64N(n)
+						rl := rng.Int64N(n - ro + 1)
+						r.Ranges = append(r.Ranges, ioengine.Range{Offset: base + off + ro, Length: rl})
+						clear(model[off+ro : off+ro+rl])
+					}
+				case k == 102:
+					r.Op = ioengine.OpCompareWrite
+					r.Length = min(n, 8192)
+					n = r.Length
+					r.Aux = make([]byte, n)
+					r.Data = make([]byte, 2*n)
+					copy(r.Data, model[off:off+n])
+					fill.Read(r.Data[n:])
+					if rng.IntN(4) == 0 {
+						r.Data[rng.Int64N(n)] ^= 0x5A
+						wantErr = ioengine.ErrMiscompare
+					} else {
+						copy(model[off:], r.Data[n:])
+					}
+				case k == 103:
+					r.Op = ioengine.OpOrWrite
+					r.Aux = make([]byte, n)
+					r.Data = make([]byte, n)
+					fill.Read(r.Data)
+					for j := range n {
+						model[off+j] |= r.Data[j]
+					}
 				case k < 8:
 					r.Op = ioengine.OpWrite
 					r.Data = make([]byte, n)
@@ -319,8 +394,8 @@ func referenceModel(t *testing.T, inline bool) {
 				op, roff := r.Op, off
 				r.Done = func(r *ioengine.Request) {
 					defer inner.Done()
-					if r.Err != nil {
-						t.Errorf("client %d %v at %d: %v", c, op, roff, r.Err)
+					if !errors.Is(r.Err, wantErr) {
+						t.Errorf("client %d %v at %d: %v (want %v)", c, op, roff, r.Err, wantErr)
 					} else if check != nil {
 						if err := check(); err != nil {
 							t.Errorf("client %d step %v at %d+%d: %v", c, op, roff, r.Length, err)
@@ -340,9 +415,14 @@ func referenceModel(t *testing.T, inline bool) {
 		}(c)
 	}
 	wg.Wait()
+	close(stopBarriers)
+	barriers := <-barriersDone
 	e.Close()
 	s := e.Stats()
-	t.Logf("requests %+v, backend ops %+v, merged %d, held %d, inlined %d", s.Requests, s.BackendOps, s.Merged, s.Held, s.Inlined)
+	t.Logf("requests %+v, backend ops %+v, merged %d, held %d, inlined %d, barriers %d", s.Requests, s.BackendOps, s.Merged, s.Held, s.Inlined, barriers)
+	if compound && barriers == 0 {
+		t.Error("no barrier was taken: the test does not exercise barriers")
+	}
 	if s.Merged == 0 {
 		t.Error("no request was ever merged: the test does not exercise merging")
 	}

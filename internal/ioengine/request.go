@@ -10,7 +10,32 @@ const (
 	OpTrim
 	OpWriteZeroes
 	OpCache // read-ahead hint: populate caches, no data returned
+
+	// Compound operations: one request, ordered as one over its whole
+	// range (so nothing overlapping runs between their steps: the
+	// engine's ordering is the range lock), executed by one worker.
+
+	// OpWriteRepeat writes Data repeated over the range: byte i of the
+	// range is Data[i % len(Data)] (a pattern WRITE SAME; a submitter
+	// passes a buffer pre-filled with whole copies of the pattern).
+	OpWriteRepeat
+	// OpCompareWrite is COMPARE AND WRITE: Data is the compare instance
+	// followed by the write instance (2 × Length bytes); the range is read
+	// into Aux and, if it equals the compare instance, the write instance
+	// is written. Otherwise the request fails with ErrMiscompare and Aux
+	// holds what was read.
+	OpCompareWrite
+	// OpOrWrite reads the range into Aux, ORs Data (Length bytes) into it
+	// and writes the result (ORWRITE).
+	OpOrWrite
+
+	// OpBarrier is the queue barrier of Engine.Barrier; it cannot be
+	// submitted.
+	OpBarrier
 )
+
+// Range is one byte range of a request covering several (Request.Ranges).
+type Range struct{ Offset, Length int64 }
 
 func (o Op) String() string {
 	switch o {
@@ -26,12 +51,22 @@ func (o Op) String() string {
 		return "write-zeroes"
 	case OpCache:
 		return "cache"
+	case OpWriteRepeat:
+		return "write-repeat"
+	case OpCompareWrite:
+		return "compare-write"
+	case OpOrWrite:
+		return "or-write"
+	case OpBarrier:
+		return "barrier"
 	}
 	return "unknown"
 }
 
-// Request is the one internal request type every front end (NBD, iSCSI,
-// replication receiver) submits to an Engine.
+// Request is the engine's request type. Front ends do not use it: they
+// submit export.Request to a device, and the runtime's device submits the
+// engine request stored inside it (export.Request.Engine); the runtime
+// and tests submit Requests directly.
 //
 // The submitter owns the Request until Done is called, and the engine owns
 // it from Submit until Done returns. Done is called exactly once, from an
@@ -41,7 +76,15 @@ type Request struct {
 	Op     Op
 	Offset int64
 	Length int64  // bytes; for OpWrite it equals len(Data)
-	Data   []byte // OpWrite payload, or OpRead destination (len == Length)
+	Data   []byte // OpWrite payload, or OpRead destination (len == Length); see the compound ops
+	// Aux is the read buffer of OpCompareWrite and OpOrWrite (at least
+	// Length bytes), owned by the submitter like Data.
+	Aux []byte
+	// Ranges, for OpTrim and OpWriteZeroes, makes the request cover these
+	// ranges only (an UNMAP's descriptor list): each must lie inside
+	// [Offset, Offset+Length), which the engine orders as one range. The
+	// submitter owns the slice like Data.
+	Ranges []Range
 
 	FUA      bool // OpWrite/OpWriteZeroes/OpTrim: durable before Done
 	NoHole   bool // OpWriteZeroes: the range must stay allocated

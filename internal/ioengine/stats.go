@@ -19,9 +19,10 @@ func (c *OpCounts) add(op Op, n uint64) {
 	switch op {
 	case OpRead:
 		c.Read += n
-	case OpWrite:
+	case OpWrite, OpWriteRepeat, OpCompareWrite, OpOrWrite:
 		c.Write += n
-	case OpFlush:
+	case OpFlush, OpBarrier:
+		// A barrier's backend call is a flush.
 		c.Flush += n
 	case OpTrim:
 		c.Trim += n

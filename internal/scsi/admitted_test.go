@@ -7,7 +7,6 @@ import (
 
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
-	"github.com/vmsan/vmsan/internal/ioengine"
 )
 
 // heldWrites holds every write until release is closed, as a replicated
@@ -18,8 +17,8 @@ type heldWrites struct {
 	release chan struct{}
 }
 
-func (d *heldWrites) Submit(r *ioengine.Request) {
-	if r.Op == ioengine.OpWrite {
+func (d *heldWrites) Submit(r *export.Request) {
+	if r.Op == export.OpWrite {
 		d.started <- struct{}{}
 		go func() { <-d.release; d.Device.Submit(r) }()
 		return

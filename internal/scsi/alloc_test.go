@@ -8,7 +8,9 @@ import (
 
 // TestReadWriteAllocs: steady-state READ/WRITE through Execute (pooled
 // command, Result, engine request and data buffer) allocates nothing per
-// command beyond what the engine itself does.
+// command beyond what the engine itself does; nor do the commands run as
+// one compound engine request (pattern WRITE SAME, UNMAP's range list,
+// COMPARE AND WRITE, ORWRITE).
 func TestReadWriteAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")
@@ -21,6 +23,18 @@ func TestReadWriteAllocs(t *testing.T) {
 	data := pattern(4096, 1)
 	rd := &Task{Nexus: f.n, CDB: cdb10(opRead10, 0, 8, 8), ExpectedIn: 4096}
 	wr := &Task{Nexus: f.n, CDB: cdb10(opWrite10, 0, 8, 8), DataOut: data, ExpectedOut: 4096}
+	ws := &Task{Nexus: f.n, CDB: cdb16(opWriteSame16, 0, 64, 16), DataOut: pattern(512, 3), ExpectedOut: 512}
+	um := make([]byte, 8+2*16)
+	um[1], um[3] = byte(len(um)-2), 32
+	um[8+7], um[8+11] = 100, 4   // LBA 100, 4 blocks
+	um[24+7], um[24+11] = 200, 4 // LBA 200, 4 blocks
+	unmap := &Task{Nexus: f.n, CDB: cdb10(opUnmap, 0, 0, uint16(len(um))), DataOut: um, ExpectedOut: uint32(len(um))}
+	cawCDB := cdb16(opCompareAndWrite, 0, 300, 0)
+	cawCDB[13] = 1
+	same := pattern(512, 5)
+	caw := &Task{Nexus: f.n, CDB: cawCDB, DataOut: append(append([]byte(nil), same...), same...), ExpectedOut: 1024}
+	orw := &Task{Nexus: f.n, CDB: cdb16(opORWrite, 0, 400, 1), DataOut: pattern(512, 6), ExpectedOut: 512}
+	f.good(f.n, cdb10(opWrite10, 0, 300, 1), same, 0)
 	done := make(chan struct{}, 1)
 	var status uint8
 	cb := func(r *Result) {
@@ -31,7 +45,7 @@ func TestReadWriteAllocs(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		task *Task
-	}{{"read", rd}, {"write", wr}} {
+	}{{"read", rd}, {"write", wr}, {"write same", ws}, {"unmap", unmap}, {"compare and write", caw}, {"orwrite", orw}} {
 		avg := testing.AllocsPerRun(200, func() {
 			f.tg.Execute(tc.task, cb)
 			<-done

@@ -16,7 +16,7 @@
 // logical unit: device, identity, unit attentions per I_T nexus), cmds.go
 // (the command table: usage masks and classes), rw.go (the data path:
 // READ/WRITE/VERIFY/WRITE SAME/UNMAP/COMPARE AND WRITE/ORWRITE/GET LBA
-// STATUS over ioengine requests), inquiry.go (INQUIRY, VPD, REPORT LUNS,
+// STATUS, each one export.Request), inquiry.go (INQUIRY, VPD, REPORT LUNS,
 // REQUEST SENSE, RTPG, RSOC, RSTMF), mode.go, pr.go (persistent
 // reservations, RESERVE/RELEASE, APTPL state), sense.go. docs/iscsi.md
 // ("SCSI command set") lists what is implemented.
@@ -81,7 +81,7 @@ type Task struct {
 	ExpectedIn  uint32
 	// More (optional) says the transport already holds another complete
 	// command of this session that it will Execute right after this one:
-	// the engine's write-gathering hint (ioengine.Request.More), as the
+	// the engine's write-gathering hint (export.Request.More), as the
 	// NBD server gives it. False is always correct.
 	More bool
 }

@@ -2,35 +2,17 @@ package scsi
 
 import (
 	"bytes"
+	"context"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
-	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/nbd/client"
+	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/nbd/server/servertest"
 )
-
-// slowReads delays every read's completion (after the data was read),
-// widening the window between COMPARE AND WRITE's read and its write.
-type slowReads struct{ export.Device }
-
-func (d slowReads) Submit(r *ioengine.Request) {
-	if r.Op != ioengine.OpRead {
-		d.Device.Submit(r)
-		return
-	}
-	done := r.Done
-	r.Inline = false
-	r.Done = func(r *ioengine.Request) {
-		go func() {
-			time.Sleep(2 * time.Millisecond)
-			r.Done = done
-			done(r)
-		}()
-	}
-	d.Device.Submit(r)
-}
 
 // TestCompareAndWriteAtomicAgainstWrites: a WRITE issued while a COMPARE
 // AND WRITE is between its compare and its write must be ordered after it
@@ -38,9 +20,7 @@ func (d slowReads) Submit(r *ioengine.Request) {
 // what remains. A WRITE slipping in between would leave the COMPARE AND
 // WRITE's data instead.
 func TestCompareAndWriteAtomicAgainstWrites(t *testing.T) {
-	base := exporttest.NewMemDevice(t, "vol", testSize)
-	f := newFixtureDev(t, base)
-	f.reg.Add(slowReads{base})
+	f := newFixtureDev(t, exporttest.NewDevice(t, "vol", slowReadBackend{backend.NewMem(testSize)}))
 	a, b := nexus("iqn.a", 1), nexus("iqn.b", 1)
 	f.ready(a)
 	f.ready(b)
@@ -103,4 +83,65 @@ func TestCompareAndWriteCounter(t *testing.T) {
 	if v := int(d[0]) | int(d[1])<<8; v != workers*incs {
 		t.Fatalf("counter %d, want %d", v, workers*incs)
 	}
+}
+
+// slowReadBackend delays every backend read: a COMPARE AND WRITE's read
+// takes long enough for a write from another front end to arrive during
+// it.
+type slowReadBackend struct{ backend.Backend }
+
+func (b slowReadBackend) ReadvAt(bufs [][]byte, off int64) error {
+	time.Sleep(2 * time.Millisecond)
+	return b.Backend.ReadvAt(bufs, off)
+}
+
+// TestCompareAndWriteAtomicAgainstNBD: COMPARE AND WRITE is atomic against
+// every front end of the volume, not only writes of its logical unit: an
+// NBD write to the same blocks, sent while the COMPARE AND WRITE is
+// reading, is ordered before it (it miscompares) or after it; either way
+// the NBD write's data is what remains, whole (8 blocks, never a mix of
+// the two writes). A write slipping in between the compare and the write
+// would leave the COMPARE AND WRITE's data.
+func TestCompareAndWriteAtomicAgainstNBD(t *testing.T) {
+	dev := exporttest.NewDevice(t, "vol", slowReadBackend{backend.NewMem(testSize)})
+	dev.Meta.MaxBlock = 1 << 20
+	f := newFixtureDev(t, dev)
+	_, sock := servertest.ServeUnix(t, server.Config{Registry: exporttest.NewRegistry(dev)})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := client.Dial(ctx, "nbd+unix:///vol?socket="+sock, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	a := nexus("iqn.a", 1)
+	f.ready(a)
+	const blocks, lba = 8, 7
+	A, B, C := pattern(blocks*512, 1), pattern(blocks*512, 2), pattern(blocks*512, 3)
+	caw := cdb16(opCompareAndWrite, 0, lba, 0)
+	caw[13] = blocks
+	good, miscompares := 0, 0
+	for i := 0; i < 30; i++ {
+		f.good(a, cdb10(opWrite10, 0, lba, blocks), A, 0)
+		cr := make(chan res, 1)
+		go func() { cr <- f.exec(a, caw, append(append([]byte(nil), A...), B...), 0) }()
+		time.Sleep(500 * time.Microsecond) // the COMPARE AND WRITE's read is in flight
+		if _, err := nc.WriteAt(C, lba*512); err != nil {
+			t.Fatal(err)
+		}
+		r := <-cr
+		switch k, asc, _ := r.kcq(); {
+		case r.status == StatusGood:
+			good++
+		case r.status == StatusCheckCondition && k == KeyMiscompare && asc == 0x1D:
+			miscompares++
+		default:
+			t.Fatalf("round %d: COMPARE AND WRITE status %#x sense %x/%02x", i, r.status, k, asc)
+		}
+		if got := f.good(a, cdb10(opRead10, 0, lba, blocks), nil, blocks*512).data; !bytes.Equal(got, C) {
+			t.Fatalf("round %d: an NBD write sent during a COMPARE AND WRITE was lost or torn (block 0 has pattern %d, last block %d)",
+				i, got[0], got[len(got)-512])
+		}
+	}
+	t.Logf("%d COMPARE AND WRITEs ordered before the NBD write, %d after it (miscompare)", good, miscompares)
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
-	"github.com/vmsan/vmsan/internal/ioengine"
 )
 
 func inq(evpd bool, page uint8, alloc uint16) []byte {
@@ -498,7 +497,7 @@ type errDev struct {
 	err error
 }
 
-func (d *errDev) Submit(r *ioengine.Request) { r.Err = d.err; r.Done(r) }
+func (d *errDev) Submit(r *export.Request) { r.Err = d.err; r.Done(r) }
 
 func TestEngineErrorsToSense(t *testing.T) {
 	for _, tc := range []struct {

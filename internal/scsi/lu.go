@@ -72,11 +72,6 @@ type lu struct {
 	serial   string
 	uuid     string
 
-	// writeGate orders COMPARE AND WRITE against every write: writes hold
-	// it shared from submit to completion, COMPARE AND WRITE exclusively
-	// from its read to its write's completion.
-	writeGate sync.RWMutex
-
 	size      atomic.Int64 // bytes, as last seen (capacity UA)
 	dsense    atomic.Bool  // control page D_SENSE
 	swp       atomic.Bool  // control page SWP

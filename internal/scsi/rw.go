@@ -5,22 +5,26 @@ import (
 	"encoding/binary"
 	"errors"
 
-	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 // Data-path stages (cmd.stage): what engineDone does next.
+//
+// INVARIANT: every command is at most one engine request: a command made
+// of several steps (a pattern WRITE SAME, an UNMAP's descriptors, the
+// read-then-write of COMPARE AND WRITE and ORWRITE) is one compound
+// request, ordered and executed by the engine as one. So engineDone never
+// submits, and no ordering is taken here: the engine's (its range
+// ordering, a snapshot's barrier) is the only one, and it is the same for
+// every front end.
 const (
 	stNone uint8 = iota
 	stRead
 	stWrite
 	stFlush
-	stWSChunk
-	stUnmap
-	stCAWRead
-	stCAWWrite
 	stVerify
-	stORRead
+	stCAW
 )
 
 // rwParams decodes the LBA and transfer length of a READ/WRITE/VERIFY
@@ -79,12 +83,11 @@ func (c *cmd) maxXferBlocks() uint64 {
 // maxTransfer is the largest READ/WRITE in bytes (Block Limits VPD).
 func (l *lu) maxTransfer() uint32 { return l.maxXfer }
 
-// submit sends c.req to the device. inline: the engine may run it on the
-// submitting goroutine (only for the first request of a command, from
-// Execute; a request chained from a completion is queued, so chains do
-// not recurse).
-func (c *cmd) submit(op ioengine.Op, off, length int64, data []byte, inline bool) {
-	c.req = ioengine.Request{Op: op, Offset: off, Length: length, Data: data, FUA: c.fua, Inline: inline, Done: c.onDone}
+// submit sends c.req to the device, from Execute (never from a
+// completion: see the stages). inline: the engine may run it on the
+// submitting goroutine.
+func (c *cmd) submit(op export.Op, off, length int64, data []byte, inline bool) {
+	c.req = export.Request{Op: op, Offset: off, Length: length, Data: data, FUA: c.fua, Inline: inline, Done: c.onDone}
 	if inline {
 		// The hints volrt.Lifecycle.Submit gives on the NBD path: nothing
 		// more buffered means the initiator likely waits for this one.
@@ -114,7 +117,7 @@ func (c *cmd) read() {
 	}
 	c.bufp = volrt.GetBuf(int(n))
 	c.stage = stRead
-	c.submit(ioengine.OpRead, int64(lba<<c.lu.bsShift), int64(n), *c.bufp, true)
+	c.submit(export.OpRead, int64(lba<<c.lu.bsShift), int64(n), *c.bufp, true)
 }
 
 func (c *cmd) write() {
@@ -125,8 +128,7 @@ func (c *cmd) write() {
 	}
 	c.fua = cdb[0]>>5 != 0 && cdb[1]&0x08 != 0
 	c.stage = stWrite
-	c.lockShared()
-	c.submit(ioengine.OpWrite, int64(lba<<c.lu.bsShift), int64(n), c.task.DataOut[:n], true)
+	c.submit(export.OpWrite, int64(lba<<c.lu.bsShift), int64(n), c.task.DataOut[:n], true)
 }
 
 // writeSpan checks a data-out write CDB (READ/WRITE family layout: the
@@ -152,23 +154,6 @@ func (c *cmd) writeSpan() (lba, n uint64, ok bool) {
 		return 0, 0, false
 	}
 	return lba, n, true
-}
-
-// lockShared holds the write gate for a write in flight (see lu.writeGate).
-func (c *cmd) lockShared() {
-	c.lu.writeGate.RLock()
-	c.gate = true
-}
-
-func (c *cmd) unlockGate() {
-	if c.gate {
-		c.gate = false
-		c.lu.writeGate.RUnlock()
-	}
-	if c.gateX {
-		c.gateX = false
-		c.lu.writeGate.Unlock()
-	}
 }
 
 func (c *cmd) verify() {
@@ -206,7 +191,7 @@ func (c *cmd) verify() {
 	c.nblk = nblk
 	c.bufp = volrt.GetBuf(int(nblk << c.lu.bsShift))
 	c.stage = stVerify
-	c.submit(ioengine.OpRead, int64(lba<<c.lu.bsShift), int64(len(*c.bufp)), *c.bufp, true)
+	c.submit(export.OpRead, int64(lba<<c.lu.bsShift), int64(len(*c.bufp)), *c.bufp, true)
 }
 
 func (c *cmd) syncCache() {
@@ -222,7 +207,7 @@ func (c *cmd) syncCache() {
 	}
 	// The engine flushes the whole volume: a superset of the range.
 	c.stage = stFlush
-	c.submit(ioengine.OpFlush, 0, 0, nil, true)
+	c.submit(export.OpFlush, 0, 0, nil, true)
 }
 
 func (c *cmd) writeSame() {
@@ -272,38 +257,30 @@ func (c *cmd) writeSame() {
 		pattern = c.task.DataOut[:c.lu.bs]
 	}
 	off, end := int64(lba<<c.lu.bsShift), int64((lba+nblk)<<c.lu.bsShift)
-	c.lockShared()
 	c.stage = stWrite
 	switch {
 	case unmap && !anchor:
 		// An unmap operation (SBC-3 5.42): the blocks are deallocated
 		// whatever the data-out holds, and read as zeroes (LBPRZ=1).
-		c.submit(ioengine.OpTrim, off, end-off, nil, true)
+		c.submit(export.OpTrim, off, end-off, nil, true)
 		return
 	case unmap || pattern == nil || volrt.IsZero(pattern):
 		// Anchored, or zeroes written: the range stays allocated.
-		c.req = ioengine.Request{Op: ioengine.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
+		c.req = export.Request{Op: export.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
 		c.lu.dev.Submit(&c.req)
 		return
 	}
-	// A non-zero pattern is written, chunk by chunk (bounded memory).
+	// A non-zero pattern: one engine request repeating a chunk of whole
+	// pattern copies over the range (bounded memory, one ordering for
+	// the whole command).
 	n := min(end-off, wsChunk)
 	c.bufp = volrt.GetBuf(int(n))
 	buf := *c.bufp
 	for i := 0; i < len(buf); i += len(pattern) {
 		copy(buf[i:], pattern)
 	}
-	c.off, c.end = off, end
-	c.stage = stWSChunk
-	c.wsNext(true)
-}
-
-// wsNext writes the next chunk of a pattern WRITE SAME.
-func (c *cmd) wsNext(inline bool) {
-	n := min(c.end-c.off, int64(len(*c.bufp)))
-	off := c.off
-	c.off += n
-	c.submit(ioengine.OpWrite, off, n, (*c.bufp)[:n], inline)
+	c.req = export.Request{Op: export.OpWriteRepeat, Offset: off, Length: end - off, Data: buf, Done: c.onDone}
+	c.lu.dev.Submit(&c.req)
 }
 
 // unmapDesc is one validated UNMAP block descriptor.
@@ -343,39 +320,34 @@ func (c *cmd) unmap() {
 			return
 		}
 	}
-	if nd == 0 {
-		c.finishStatus(StatusGood)
-		return
-	}
-	c.fua = cdb[1]&0x01 != 0 // ANCHOR: keep mapped (zeroes), see below
-	c.idx = 0
-	c.end = int64(nd)
-	c.stage = stUnmap
-	c.lockShared()
-	c.unmapNext(true)
-}
-
-// unmapNext submits descriptor c.idx (skipping empty ones) or finishes.
-func (c *cmd) unmapNext(inline bool) {
-	data := c.task.DataOut
-	for ; int64(c.idx) < c.end; c.idx++ {
-		d := data[8+16*c.idx:]
+	// One engine request for the whole list (Ranges), ordered over the
+	// span of its descriptors. ANCHOR keeps the blocks mapped (zeroes).
+	c.ranges = c.ranges[:0]
+	lo, hi := int64(-1), int64(0)
+	for i := 0; i < nd; i++ {
+		d := data[8+16*i:]
 		lba, n := binary.BigEndian.Uint64(d[0:8]), uint64(binary.BigEndian.Uint32(d[8:12]))
 		if n == 0 {
 			continue
 		}
-		c.idx++
-		op := ioengine.OpTrim
-		anchor := c.fua
-		if anchor {
-			op = ioengine.OpWriteZeroes
+		off, l := int64(lba<<c.lu.bsShift), int64(n<<c.lu.bsShift)
+		c.ranges = append(c.ranges, export.Range{Offset: off, Length: l})
+		if lo < 0 || off < lo {
+			lo = off
 		}
-		c.req = ioengine.Request{Op: op, Offset: int64(lba << c.lu.bsShift), Length: int64(n << c.lu.bsShift), NoHole: anchor, Inline: inline, Done: c.onDone}
-		c.lu.dev.Submit(&c.req)
+		hi = max(hi, off+l)
+	}
+	if len(c.ranges) == 0 {
+		c.finishStatus(StatusGood)
 		return
 	}
-	c.unlockGate()
-	c.finishStatus(StatusGood)
+	op, anchor := export.OpTrim, cdb[1]&0x01 != 0
+	if anchor {
+		op = export.OpWriteZeroes
+	}
+	c.stage = stWrite
+	c.req = export.Request{Op: op, Offset: lo, Length: hi - lo, Ranges: c.ranges, NoHole: anchor, Done: c.onDone}
+	c.lu.dev.Submit(&c.req)
 }
 
 func (c *cmd) compareAndWrite() {
@@ -403,21 +375,20 @@ func (c *cmd) compareAndWrite() {
 	}
 	c.lba, c.nblk = lba, nblk
 	c.fua = cdb[1]&0x08 != 0
-	// INVARIANT: between the read below and the write's completion no
-	// other write of this logical unit is in flight (every write holds the
-	// gate shared from submit to completion).
-	c.lu.writeGate.Lock()
-	c.gateX = true
+	// INVARIANT: the compare and the write are one engine request
+	// (OpCompareWrite): no request overlapping it, from any front end
+	// (an NBD write to the same volume included), runs between them.
 	n := nblk << c.lu.bsShift
 	c.bufp = volrt.GetBuf(int(n))
-	c.stage = stCAWRead
-	c.req = ioengine.Request{Op: ioengine.OpRead, Offset: int64(lba << c.lu.bsShift), Length: int64(n), Data: *c.bufp, Inline: true, Done: c.onDone}
+	c.stage = stCAW
+	c.req = export.Request{Op: export.OpCompareWrite, Offset: int64(lba << c.lu.bsShift), Length: int64(n),
+		Data: c.task.DataOut[:2*n], Aux: *c.bufp, FUA: c.fua, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
 
 // orWrite is ORWRITE(16): the data-out is ORed into the blocks, atomic
-// against every other write like COMPARE AND WRITE (read, OR, write under
-// the exclusive write gate).
+// against every other request like COMPARE AND WRITE (one engine
+// request, OpOrWrite: read, OR, write).
 func (c *cmd) orWrite() {
 	cdb := c.task.CDB
 	lba, n, ok := c.writeSpan()
@@ -426,11 +397,10 @@ func (c *cmd) orWrite() {
 	}
 	c.lba, c.nblk = lba, n>>c.lu.bsShift
 	c.fua = cdb[1]&0x08 != 0
-	c.lu.writeGate.Lock()
-	c.gateX = true
 	c.bufp = volrt.GetBuf(int(n))
-	c.stage = stORRead
-	c.req = ioengine.Request{Op: ioengine.OpRead, Offset: int64(lba << c.lu.bsShift), Length: int64(n), Data: *c.bufp, Inline: true, Done: c.onDone}
+	c.stage = stWrite
+	c.req = export.Request{Op: export.OpOrWrite, Offset: int64(lba << c.lu.bsShift), Length: int64(n),
+		Data: c.task.DataOut[:n], Aux: *c.bufp, FUA: c.fua, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
 
@@ -449,15 +419,21 @@ func miscompareAt(a, b []byte) (senseInfo, bool) {
 	return s, true
 }
 
-// engineDone is every engine request's Done: it continues or completes
-// the command according to c.stage.
-func (c *cmd) engineDone(r *ioengine.Request) {
+// engineDone is every engine request's Done: it completes the command
+// according to c.stage (it never submits: see the stages).
+func (c *cmd) engineDone(r *export.Request) {
+	if c.stage == stCAW && errors.Is(r.Err, export.ErrMiscompare) {
+		n := int(c.nblk << c.lu.bsShift)
+		if s, bad := miscompareAt(c.task.DataOut[:n], r.Aux[:n]); bad {
+			c.fail(s)
+			return
+		}
+	}
 	if r.Err != nil {
 		if errors.Is(r.Err, volrt.ErrVolumeGone) {
 			c.lu.stale.Store(true)
 		}
-		write := c.stage != stRead && c.stage != stVerify && c.stage != stCAWRead && c.stage != stORRead
-		c.unlockGate()
+		write := c.stage != stRead && c.stage != stVerify
 		c.res.DataIn = nil
 		c.fail(errSense(r.Err, write))
 		return
@@ -465,15 +441,6 @@ func (c *cmd) engineDone(r *ioengine.Request) {
 	switch c.stage {
 	case stRead:
 		c.res.DataIn = r.Data
-	case stWSChunk:
-		if c.off < c.end {
-			c.wsNext(false)
-			return
-		}
-		c.unlockGate()
-	case stUnmap:
-		c.unmapNext(false)
-		return
 	case stVerify:
 		data := c.task.DataOut
 		bs := int(c.lu.bs)
@@ -489,25 +456,6 @@ func (c *cmd) engineDone(r *ioengine.Request) {
 			c.fail(s)
 			return
 		}
-	case stORRead:
-		for i, b := range c.task.DataOut[:len(r.Data)] {
-			r.Data[i] |= b
-		}
-		c.stage = stCAWWrite
-		c.submit(ioengine.OpWrite, r.Offset, r.Length, r.Data, false)
-		return
-	case stCAWRead:
-		n := int(c.nblk << c.lu.bsShift)
-		if s, bad := miscompareAt(c.task.DataOut[:n], r.Data); bad {
-			c.unlockGate()
-			c.fail(s)
-			return
-		}
-		c.stage = stCAWWrite
-		c.submit(ioengine.OpWrite, int64(c.lba<<c.lu.bsShift), int64(n), c.task.DataOut[n:2*n], false)
-		return
-	default: // stWrite, stFlush, stCAWWrite
-		c.unlockGate()
 	}
 	c.finishStatus(StatusGood)
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -488,21 +487,19 @@ type cmd struct {
 
 	res      Result
 	senseBuf [maxSense]byte
-	req      ioengine.Request
+	req      export.Request
 	bufp     *[]byte // pooled data-in or scratch buffer (released with res)
-	gate     bool    // holds lu.writeGate for reading (a write in flight)
-	gateX    bool    // holds lu.writeGate exclusively (COMPARE AND WRITE)
+	// ranges is UNMAP's descriptor list for its one engine request
+	// (kept across pool reuse: no allocation per command).
+	ranges []export.Range
 
 	// Data-path state across engine completions.
 	stage  uint8
 	lba    uint64
 	nblk   uint64
 	xfer   uint64 // the CDB's transfer length in bytes (residuals)
-	off    int64  // next offset (chunked WRITE SAME, UNMAP)
-	end    int64
-	idx    int
 	fua    bool
-	onDone func(*ioengine.Request)
+	onDone func(*export.Request)
 	relFn  func()
 	// admitted: counted in t.admitted until finishStatus.
 	admitted bool
@@ -528,7 +525,7 @@ func (c *cmd) release() {
 		c.bufp = nil
 	}
 	c.t, c.lu, c.task, c.d, c.done = nil, nil, nil, nil, nil
-	c.req = ioengine.Request{}
+	c.req = export.Request{}
 	c.res = Result{}
 	cmdPool.Put(c)
 }
@@ -538,7 +535,7 @@ func (c *cmd) release() {
 func (t *Target) Execute(task *Task, done func(*Result)) {
 	c := getCmd()
 	c.t, c.task, c.done = t, task, done
-	c.stage, c.fua, c.gate, c.gateX, c.desc, c.admitted = 0, false, false, false, false, false
+	c.stage, c.fua, c.desc, c.admitted = 0, false, false, false
 	c.xfer = 0
 	cdb := task.CDB
 	if len(cdb) == 0 {

@@ -1,5 +1,5 @@
 // Package volrt is the volume runtime: everything between a protocol front
-// end (NBD today, iSCSI next) and the volume store. It holds the open
+// end (NBD, iSCSI) and the volume store. It holds the open
 // volumes (backend + I/O engine + reference and connection counts + the
 // device wrapping chain where replication hooks in) and the helpers every
 // front end needs on its data path, so that a new front end is only its
@@ -13,7 +13,7 @@
 //	defer dev.Release()
 //
 //	var lc volrt.Lifecycle                // one per request in flight
-//	r := &ioengine.Request{Op: ioengine.OpRead, Offset: 0, Length: 4096,
+//	r := &export.Request{Op: export.OpRead, Offset: 0, Length: 4096,
 //		Data: *volrt.GetBuf(4096), Done: onDone, Inline: true}
 //	if lc.Submit(dev, r, false) { /* completed already: reply here */ }
 //	// onDone calls lc.Complete(); false means "reply from your writer".
@@ -23,8 +23,14 @@
 //   - Volume (volume.go): an open volume (Open from the store, or New over
 //     any backend) and its reference/delete handshake with the daemon's
 //     registry; Acquire hands out devices, through the wrapping chain
-//     (Wrap) that replication uses. Quiesce (quiesce.go) holds new writes
-//     and flushes, for snapshots, clones and rollbacks of a live volume.
+//     (Wrap) that replication uses. Quiesce (quiesce.go) is an engine
+//     barrier: it returns once every earlier write is complete and
+//     flushed, and queues later writes in the engine (no lock is held by
+//     submitters) until resume, for snapshots, clones and rollbacks of a
+//     live volume. The device adds no ordering of its own: every
+//     ordering (overlap, flush, barrier, the atomic compound requests a
+//     SCSI front end uses for WRITE SAME, UNMAP, COMPARE AND WRITE and
+//     ORWRITE) is the engine's, the same for every front end.
 //   - Sessions, FrontEndStats (sessions.go): per front end, per volume, per
 //     client address (since when) connection tracking, with a watcher
 //     (Watch) for connect/disconnect log lines and events, and the

@@ -4,7 +4,6 @@ import (
 	"sync/atomic"
 
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 )
 
 // Lifecycle is the handshake between a front end's submitter and the
@@ -48,7 +47,7 @@ const (
 //
 // It returns true when r completed before dev.Submit returned: the caller
 // replies. REQUIRES: r.Done calls Complete on this Lifecycle exactly once.
-func (l *Lifecycle) Submit(dev export.Device, r *ioengine.Request, more bool) (completed bool) {
+func (l *Lifecycle) Submit(dev export.Device, r *export.Request, more bool) (completed bool) {
 	r.More = more
 	r.Idle = r.Inline && !more
 	l.state.Store(lcSubmitting)

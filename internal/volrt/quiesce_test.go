@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -44,10 +45,10 @@ func TestQuiesce(t *testing.T) {
 	defer dev.Release()
 	submit := func(op ioengine.Op, off int64) chan error {
 		done := make(chan error, 1)
-		go dev.Submit(&ioengine.Request{Op: op, Offset: off, Length: 4096, Data: make([]byte, 4096), Done: func(r *ioengine.Request) { done <- r.Err }})
+		go dev.Submit(&export.Request{Op: op, Offset: off, Length: 4096, Data: make([]byte, 4096), Done: func(r *export.Request) { done <- r.Err }})
 		return done
 	}
-	w1 := submit(ioengine.OpWrite, 0)
+	w1 := submit(export.OpWrite, 0)
 	time.Sleep(20 * time.Millisecond) // let w1 reach the (blocked) backend
 	quiesced := make(chan func(), 1)
 	go func() {
@@ -76,9 +77,9 @@ func TestQuiesce(t *testing.T) {
 	if g.syncs.Load() == syncsBefore {
 		t.Fatal("Quiesce did not sync the backend")
 	}
-	w2 := submit(ioengine.OpWrite, 8192)
-	tr := submit(ioengine.OpTrim, 16384)
-	rd := submit(ioengine.OpRead, 0)
+	w2 := submit(export.OpWrite, 8192)
+	tr := submit(export.OpTrim, 16384)
+	rd := submit(export.OpRead, 0)
 	select {
 	case err := <-rd:
 		if err != nil {

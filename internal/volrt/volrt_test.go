@@ -44,7 +44,7 @@ type extDev struct {
 }
 
 func (d extDev) Info() export.Info                              { return export.Info{} }
-func (d extDev) Submit(r *ioengine.Request)                     { r.Done(r) }
+func (d extDev) Submit(r *export.Request)                       { r.Done(r) }
 func (d extDev) Extents(int64, int64) ([]backend.Extent, error) { return d.exts, d.err }
 func (d extDev) Release()                                       {}
 
@@ -105,7 +105,7 @@ type asyncDev struct {
 	hold   chan struct{}
 }
 
-func (d *asyncDev) Submit(r *ioengine.Request) {
+func (d *asyncDev) Submit(r *export.Request) {
 	if d.inline {
 		r.Done(r)
 		return
@@ -120,7 +120,7 @@ func TestLifecycleExactlyOneReplier(t *testing.T) {
 		var mu sync.Mutex
 		byCompletion := 0
 		done := make(chan struct{})
-		r := &ioengine.Request{Op: ioengine.OpRead, Inline: true, Done: func(*ioengine.Request) {
+		r := &export.Request{Op: export.OpRead, Inline: true, Done: func(*export.Request) {
 			if !lc.Complete() {
 				mu.Lock()
 				byCompletion++
@@ -179,7 +179,7 @@ func TestVolumeAcquireDeleteHandshake(t *testing.T) {
 	}
 	v.MarkGone()
 	done := make(chan error, 1)
-	dev.Submit(&ioengine.Request{Op: ioengine.OpFlush, Done: func(r *ioengine.Request) { done <- r.Err }})
+	dev.Submit(&export.Request{Op: export.OpFlush, Done: func(r *export.Request) { done <- r.Err }})
 	if err := <-done; !errors.Is(err, ErrVolumeGone) {
 		t.Fatalf("request on a gone volume: %v", err)
 	}
@@ -221,7 +221,7 @@ func TestNewOverMem(t *testing.T) {
 	buf := *GetBuf(4096)
 	buf[0] = 7
 	done := make(chan error, 1)
-	dev.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: 8192, Length: 4096, Data: buf, Done: func(r *ioengine.Request) { done <- r.Err }})
+	dev.Submit(&export.Request{Op: export.OpWrite, Offset: 8192, Length: 4096, Data: buf, Done: func(r *export.Request) { done <- r.Err }})
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

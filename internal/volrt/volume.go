@@ -46,10 +46,6 @@ type Volume struct {
 	gone      atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
-
-	// gate holds new writes while a snapshot is taken (Quiesce): every
-	// mutating Submit holds it shared for the length of the call.
-	gate sync.RWMutex
 }
 
 // Open opens a volume's backend and starts its engine. maxPayload is the
@@ -206,19 +202,12 @@ type device struct {
 
 func (d *device) Info() export.Info { return d.v.Info() }
 
-func (d *device) Submit(r *ioengine.Request) {
+func (d *device) Submit(r *export.Request) {
 	if d.v.gone.Load() {
-		r.Err = ErrVolumeGone
-		r.Done(r)
+		export.Finish(r, ErrVolumeGone)
 		return
 	}
-	if mutates(r.Op) {
-		d.v.gate.RLock()
-		d.v.eng.Submit(r)
-		d.v.gate.RUnlock()
-		return
-	}
-	d.v.eng.Submit(r)
+	d.v.eng.Submit(r.Engine())
 }
 
 func (d *device) Extents(off, length int64) ([]backend.Extent, error) {

@@ -96,7 +96,7 @@ func (d *Device) Info() export.Info {
 }
 
 // Submit implements export.Device (through the runtime's device).
-func (d *Device) Submit(r *ioengine.Request) { d.dev.Submit(r) }
+func (d *Device) Submit(r *export.Request) { d.dev.Submit(r) }
 
 // Extents implements export.Device (through the runtime's device).
 func (d *Device) Extents(off, length int64) ([]backend.Extent, error) {

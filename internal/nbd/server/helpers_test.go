@@ -15,7 +15,6 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 )
 
@@ -25,7 +24,7 @@ import (
 type testDev struct {
 	b         backend.Backend
 	info      export.Info
-	gate      func(r *ioengine.Request)
+	gate      func(r *export.Request)
 	submitted atomic.Int64
 	refs      atomic.Int64
 }
@@ -35,7 +34,7 @@ func (d *testDev) Release()          { d.refs.Add(-1) }
 func (d *testDev) Extents(off, n int64) ([]backend.Extent, error) {
 	return d.b.Extents(off, n)
 }
-func (d *testDev) Submit(r *ioengine.Request) {
+func (d *testDev) Submit(r *export.Request) {
 	d.submitted.Add(1)
 	go func() {
 		if d.gate != nil {
@@ -46,19 +45,19 @@ func (d *testDev) Submit(r *ioengine.Request) {
 	}()
 }
 
-func execReq(b backend.Backend, r *ioengine.Request) error {
+func execReq(b backend.Backend, r *export.Request) error {
 	switch r.Op {
-	case ioengine.OpRead:
+	case export.OpRead:
 		return b.ReadvAt([][]byte{r.Data}, r.Offset)
-	case ioengine.OpWrite:
+	case export.OpWrite:
 		return b.WritevAt([][]byte{r.Data}, r.Offset, r.FUA)
-	case ioengine.OpFlush:
+	case export.OpFlush:
 		return b.Sync()
-	case ioengine.OpTrim:
+	case export.OpTrim:
 		return b.Trim(r.Offset, r.Length)
-	case ioengine.OpWriteZeroes:
+	case export.OpWriteZeroes:
 		return b.WriteZeroes(r.Offset, r.Length, !r.NoHole, r.FastZero)
-	case ioengine.OpCache:
+	case export.OpCache:
 		return nil
 	}
 	return errors.New("bad op")

@@ -8,7 +8,6 @@ import (
 
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/export/exporttest"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 )
 
@@ -21,7 +20,7 @@ type splitDev struct {
 	async atomic.Int64
 }
 
-func (d *splitDev) Submit(r *ioengine.Request) {
+func (d *splitDev) Submit(r *export.Request) {
 	if (r.Offset/4096)%3 == 0 {
 		d.async.Add(1)
 		go d.Device.Submit(r)

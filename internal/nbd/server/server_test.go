@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 )
 
@@ -300,9 +299,9 @@ func TestBadInput(t *testing.T) {
 }
 
 // gateDev blocks requests matching block until release is closed.
-func gatedDev(name string, block func(r *ioengine.Request) bool, release chan struct{}) *testDev {
+func gatedDev(name string, block func(r *export.Request) bool, release chan struct{}) *testDev {
 	d := newTestDev(name, testSize)
-	d.gate = func(r *ioengine.Request) {
+	d.gate = func(r *export.Request) {
 		if block(r) {
 			<-release
 		}
@@ -313,7 +312,7 @@ func gatedDev(name string, block func(r *ioengine.Request) bool, release chan st
 // TestOutOfOrderReplies: a slow request does not hold back a fast one.
 func TestOutOfOrderReplies(t *testing.T) {
 	release := make(chan struct{})
-	d := gatedDev("disk", func(r *ioengine.Request) bool { return r.Offset == 0 && r.Op == ioengine.OpRead }, release)
+	d := gatedDev("disk", func(r *export.Request) bool { return r.Offset == 0 && r.Op == export.OpRead }, release)
 	_, addr := startServer(t, Config{Registry: &testReg{devs: map[string]export.Device{"disk": d}}})
 	rc := dialRaw(t, addr)
 	rc.negotiate("disk", false)
@@ -347,7 +346,7 @@ func TestOutOfOrderReplies(t *testing.T) {
 // after MaxInflight requests instead of queueing without bound.
 func TestBackpressure(t *testing.T) {
 	release := make(chan struct{})
-	d := gatedDev("disk", func(*ioengine.Request) bool { return true }, release)
+	d := gatedDev("disk", func(*export.Request) bool { return true }, release)
 	_, addr := startServer(t, Config{Registry: &testReg{devs: map[string]export.Device{"disk": d}}, MaxInflight: 4})
 	rc := dialRaw(t, addr)
 	rc.negotiate("disk", false)
@@ -385,7 +384,7 @@ func TestBackpressure(t *testing.T) {
 // reply still reaches the client, and Connections tracks the export.
 func TestShutdownDrains(t *testing.T) {
 	release := make(chan struct{})
-	d := gatedDev("disk", func(r *ioengine.Request) bool { return r.Op == ioengine.OpWrite }, release)
+	d := gatedDev("disk", func(r *export.Request) bool { return r.Op == export.OpWrite }, release)
 	srv := New(Config{Registry: &testReg{devs: map[string]export.Device{"disk": d}}})
 	l, err := netListen()
 	if err != nil {

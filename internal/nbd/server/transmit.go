@@ -10,7 +10,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
@@ -35,8 +35,8 @@ type op struct {
 	nbytes int64 // payload bytes reserved against the connection's budget
 	// trimFUA: a TRIM with FUA is followed by a FLUSH before replying.
 	trimFUA bool
-	r       ioengine.Request
-	doneFn  func(*ioengine.Request)
+	r       export.Request
+	doneFn  func(*export.Request)
 	// lc decides who replies to an op submitted to the device: the
 	// reader, if the op completed before Submit returned (inline on the
 	// reader, or on a fast worker), otherwise the writer goroutine.
@@ -287,7 +287,7 @@ func (c *conn) check(t *txState, req proto.Request) (proto.Errno, string) {
 func (c *conn) dispatch(t *txState, o *op) {
 	req := o.req
 	r := &o.r
-	*r = ioengine.Request{Offset: int64(req.Offset), Length: int64(req.Length), Done: o.doneFn, Ctx: o, Cookie: req.Cookie}
+	*r = export.Request{Offset: int64(req.Offset), Length: int64(req.Length), Done: o.doneFn, Ctx: o, Cookie: req.Cookie}
 	switch req.Type {
 	case proto.CmdRead:
 		if req.Length == 0 {
@@ -300,34 +300,34 @@ func (c *conn) dispatch(t *txState, o *op) {
 		c.reserve(t, n)
 		o.nbytes = n
 		o.bufp = volrt.GetBuf(int(n))
-		r.Op, r.Data, r.Inline = ioengine.OpRead, *o.bufp, true
+		r.Op, r.Data, r.Inline = export.OpRead, *o.bufp, true
 	case proto.CmdWrite:
 		if req.Length == 0 {
 			c.replyNow(t, o)
 			return
 		}
-		r.Op, r.Data, r.FUA, r.Inline = ioengine.OpWrite, *o.bufp, req.Flags&proto.CmdFlagFUA != 0, true
+		r.Op, r.Data, r.FUA, r.Inline = export.OpWrite, *o.bufp, req.Flags&proto.CmdFlagFUA != 0, true
 	case proto.CmdFlush:
-		r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
+		r.Op, r.Offset, r.Length = export.OpFlush, 0, 0
 	case proto.CmdTrim:
 		if req.Length == 0 {
 			c.replyNow(t, o)
 			return
 		}
-		r.Op = ioengine.OpTrim
+		r.Op = export.OpTrim
 		o.trimFUA = req.Flags&proto.CmdFlagFUA != 0
 	case proto.CmdCache:
 		if req.Length == 0 {
 			c.replyNow(t, o)
 			return
 		}
-		r.Op = ioengine.OpCache
+		r.Op = export.OpCache
 	case proto.CmdWriteZeroes:
 		if req.Length == 0 {
 			c.replyNow(t, o)
 			return
 		}
-		r.Op = ioengine.OpWriteZeroes
+		r.Op = export.OpWriteZeroes
 		r.FUA = req.Flags&proto.CmdFlagFUA != 0
 		r.NoHole = req.Flags&proto.CmdFlagNoHole != 0
 		r.FastZero = req.Flags&proto.CmdFlagFastZero != 0
@@ -340,7 +340,7 @@ func (c *conn) dispatch(t *txState, o *op) {
 		return
 	}
 	// Reads and writes may run inline on this goroutine (the engine
-	// decides; see ioengine.Request.Inline): blocking the reader for one
+	// decides; see export.Request.Inline): blocking the reader for one
 	// fast backend call is cheaper than two goroutine hand-offs, and a
 	// slow backend makes the engine use its workers instead.
 	// more: another request is already buffered, so the engine's write
@@ -358,10 +358,10 @@ func (c *conn) dispatch(t *txState, o *op) {
 // done is the engine completion callback. It must not block: it only
 // leaves the op to the reader (completed during Submit) or hands it to the
 // writer (the replies channel has room for every op in flight).
-func (o *op) done(r *ioengine.Request) {
+func (o *op) done(r *export.Request) {
 	if r.Err == nil && o.trimFUA {
 		o.trimFUA = false
-		r.Op, r.Offset, r.Length = ioengine.OpFlush, 0, 0
+		r.Op, r.Offset, r.Length = export.OpFlush, 0, 0
 		// Submit may block (engine backpressure) and we are on an engine
 		// goroutine: hand it off. Rare path (TRIM with FUA), so the
 		// goroutine's cost does not matter.
@@ -443,7 +443,7 @@ func (c *conn) finish(t *txState, o *op) {
 	t.budget.Release(o.nbytes)
 	o.nbytes = 0
 	o.trimFUA = false
-	o.r = ioengine.Request{}
+	o.r = export.Request{}
 	o.c = nil
 	opPool.Put(o)
 	c.s.ctr.inflight.Add(-1)

@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/export"
 )
 
 // BenchmarkReplicatedWrite1M: 1 MiB writes at queue depth 8 through a
@@ -41,7 +41,7 @@ func benchWriteAt(b *testing.B, size int64, qd int, random bool) {
 		if random {
 			off = rng.Int64N((200<<20)/size) * size
 		}
-		a.front.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: off, Length: size, Data: data, Done: func(r *ioengine.Request) { errs <- r.Err }})
+		a.front.Submit(&export.Request{Op: export.OpWrite, Offset: off, Length: size, Data: data, Done: func(r *export.Request) { errs <- r.Err }})
 		inflight++
 	}
 	for ; inflight > 0; inflight-- {
@@ -65,7 +65,7 @@ func BenchmarkLocalWrite1M(b *testing.B) {
 			inflight--
 		}
 		off := (int64(i) * size) % (200 << 20)
-		a.dev.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: off, Length: size, Data: data, Done: func(r *ioengine.Request) { errs <- r.Err }})
+		a.dev.Submit(&export.Request{Op: export.OpWrite, Offset: off, Length: size, Data: data, Done: func(r *export.Request) { errs <- r.Err }})
 		inflight++
 	}
 	for ; inflight > 0; inflight-- {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
+	"github.com/vmsan/vmsan/internal/repl"
 )
 
 // Wrap returns the device front ends should use for this volume: reads go
@@ -60,16 +60,33 @@ func (d *device) Info() export.Info {
 
 var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in progress): %w", syscall.EIO)
 
-func (d *device) Submit(req *ioengine.Request) {
+func (d *device) Submit(req *export.Request) {
+	if req.Op == export.OpCompareWrite || req.Op == export.OpOrWrite {
+		// Atomic against every client write of the volume: under the
+		// loop's range lock (rmw.go).
+		if !d.r.primary.Load() {
+			finish(req, mapErr(repl.ErrNotPrimary))
+			return
+		}
+		d.readModifyWrite(req)
+		return
+	}
+	if export.IsCompound(req) {
+		// Replication mirrors primitive writes: a pattern write or a
+		// trim list runs as its steps, each replicated (ordered as
+		// separate requests; see ioengine.RunSteps).
+		export.RunSteps(req, d.Submit)
+		return
+	}
 	switch req.Op {
-	case ioengine.OpRead, ioengine.OpCache:
+	case export.OpRead, export.OpCache:
 		if !d.r.upToDate.Load() {
 			finish(req, errNotUpToDate)
 			return
 		}
 		d.Device.Submit(req)
 		return
-	case ioengine.OpWriteZeroes:
+	case export.OpWriteZeroes:
 		if req.FastZero {
 			// The peer's zeroing speed is unknown: NBD lets us refuse.
 			finish(req, backend.ErrNotFast)

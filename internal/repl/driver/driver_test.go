@@ -29,17 +29,17 @@ type engDev struct {
 	eng *ioengine.Engine
 	// onSubmit, when set, sees every request before the engine does
 	// (atomic: a test sets it while the replica runs).
-	onSubmit atomic.Pointer[func(*ioengine.Request)]
+	onSubmit atomic.Pointer[func(*export.Request)]
 }
 
 func (d *engDev) Info() export.Info {
 	return export.Info{Name: "v", Size: d.be.Size(), CanMultiConn: true, MinBlock: 1, PrefBlock: 4096, MaxBlock: 32 << 20}
 }
-func (d *engDev) Submit(r *ioengine.Request) {
+func (d *engDev) Submit(r *export.Request) {
 	if f := d.onSubmit.Load(); f != nil {
 		(*f)(r)
 	}
-	d.eng.Submit(r)
+	d.eng.Submit(r.Engine())
 }
 func (d *engDev) Extents(off, l int64) ([]backend.Extent, error) {
 	return d.be.Extents(off, l)
@@ -115,12 +115,12 @@ func (n *node) stop() {
 
 func (n *node) do(op ioengine.Op, off int64, data []byte, length int64) error {
 	done := make(chan error, 1)
-	n.front.Submit(&ioengine.Request{Op: op, Offset: off, Length: length, Data: data, Done: func(r *ioengine.Request) { done <- r.Err }})
+	n.front.Submit(&export.Request{Op: op, Offset: off, Length: length, Data: data, Done: func(r *export.Request) { done <- r.Err }})
 	return <-done
 }
 
 func (n *node) write(off int64, data []byte) error {
-	return n.do(ioengine.OpWrite, off, data, int64(len(data)))
+	return n.do(export.OpWrite, off, data, int64(len(data)))
 }
 
 func (n *node) sum() [32]byte {
@@ -186,7 +186,7 @@ func TestReplicateProtocolC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := a.do(ioengine.OpFlush, 0, nil, 0); err != nil {
+	if err := a.do(export.OpFlush, 0, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Under protocol C a released FLUSH means both sides have applied
@@ -208,8 +208,8 @@ func TestReplicateProtocolC(t *testing.T) {
 func TestSecondaryMergesSequentialWrites(t *testing.T) {
 	a, b := pair(t, 64<<20, "A")
 	var more atomic.Int64
-	count := func(r *ioengine.Request) {
-		if r.Op == ioengine.OpWrite && r.More {
+	count := func(r *export.Request) {
+		if r.Op == export.OpWrite && r.More {
 			more.Add(1)
 		}
 	}
@@ -220,7 +220,7 @@ func TestSecondaryMergesSequentialWrites(t *testing.T) {
 	for i := 0; i < n; i++ {
 		d := pattern(byte(i), 4096)
 		off := int64(i) * 4096
-		a.front.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: off, Length: 4096, Data: d, Done: func(r *ioengine.Request) { errs <- r.Err }})
+		a.front.Submit(&export.Request{Op: export.OpWrite, Offset: off, Length: 4096, Data: d, Done: func(r *export.Request) { errs <- r.Err }})
 	}
 	for i := 0; i < n; i++ {
 		if err := <-errs; err != nil {
@@ -276,7 +276,7 @@ func TestDisconnectResyncAndRestart(t *testing.T) {
 	if st.ResyncBytes > oos*11/10 {
 		t.Fatalf("resent %d bytes, more than 1.1x the %d written while disconnected", st.ResyncBytes, oos)
 	}
-	a.do(ioengine.OpFlush, 0, nil, 0)
+	a.do(export.OpFlush, 0, nil, 0)
 	waitFor(t, "equal", 10*time.Second, func() bool { return a.sum() == b.sum() })
 	if b.r.Status().Disk != "UpToDate" {
 		t.Fatalf("secondary disk %s", b.r.Status().Disk)
@@ -301,7 +301,7 @@ func TestPromoteRefusedWhilePeerPrimary(t *testing.T) {
 	if err := b.write(4096, bytes.Repeat([]byte{5}, 4096)); err != nil {
 		t.Fatal(err)
 	}
-	b.do(ioengine.OpFlush, 0, nil, 0)
+	b.do(export.OpFlush, 0, nil, 0)
 	if a.sum() != b.sum() {
 		t.Fatal(fmt.Sprintf("replicas differ after role switch"))
 	}
@@ -341,7 +341,7 @@ func TestHeartbeatsUnderLoad(t *testing.T) {
 	for time.Now().Before(deadline) {
 		for inflight < 4 {
 			d := pattern(byte(off>>20), 1<<20)
-			a.front.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: off % (60 << 20), Length: int64(len(d)), Data: d, Done: func(r *ioengine.Request) { errs <- r.Err }})
+			a.front.Submit(&export.Request{Op: export.OpWrite, Offset: off % (60 << 20), Length: int64(len(d)), Data: d, Done: func(r *export.Request) { errs <- r.Err }})
 			off += 1 << 20
 			inflight++
 		}
@@ -411,7 +411,7 @@ func TestResyncRateAndProgress(t *testing.T) {
 	if took < 1200*time.Millisecond {
 		t.Fatalf("8 MiB resynced in %v despite a 4 MiB/s limit", took)
 	}
-	a.do(ioengine.OpFlush, 0, nil, 0)
+	a.do(export.OpFlush, 0, nil, 0)
 	waitFor(t, "equal", 10*time.Second, func() bool { return a.sum() == b.sum() })
 }
 
@@ -463,8 +463,8 @@ func TestProtocolABufferReuseAfterReply(t *testing.T) {
 	for i := 0; i < n; i++ {
 		sem <- struct{}{}
 		buf := pattern(byte(i+1), size)
-		a.front.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: int64(i) * size, Length: size, Data: buf,
-			Done: func(r *ioengine.Request) {
+		a.front.Submit(&export.Request{Op: export.OpWrite, Offset: int64(i) * size, Length: size, Data: buf,
+			Done: func(r *export.Request) {
 				for j := range r.Data {
 					r.Data[j] = 0xEE // what a recycled buffer's next user writes
 				}
@@ -477,7 +477,7 @@ func TestProtocolABufferReuseAfterReply(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := a.do(ioengine.OpFlush, 0, nil, 0); err != nil {
+	if err := a.do(export.OpFlush, 0, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	// Protocol A: the secondary catches up asynchronously.
@@ -547,8 +547,8 @@ func TestDemoteRefusedWhileHeldOpen(t *testing.T) {
 		t.Fatalf("forced demote: %v", err)
 	}
 	done := make(chan error, 1)
-	cl.Submit(&ioengine.Request{Op: ioengine.OpWrite, Offset: 0, Length: 4096, Data: make([]byte, 4096),
-		Done: func(q *ioengine.Request) { done <- q.Err }})
+	cl.Submit(&export.Request{Op: export.OpWrite, Offset: 0, Length: 4096, Data: make([]byte, 4096),
+		Done: func(q *export.Request) { done <- q.Err }})
 	if err := <-done; !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("write after forced demote: %v, want EROFS", err)
 	}

@@ -13,7 +13,7 @@
 //	r.Close()              // clean stop: bitmap complete on disk
 //
 // Files: replica.go (Start, the loop, local I/O: the secondary submits
-// applies with ioengine.Request.More while more are queued, so its writes
+// applies with export.Request.More while more are queued, so its writes
 // are gathered by what is queued), link.go (the two TCP connections),
 // auth.go (who may connect: the peer's address, the shared-secret
 // challenge-response in the channel hello),
@@ -49,7 +49,6 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/repl"
 )
@@ -93,13 +92,17 @@ type Replica struct {
 	applyQ fifo[repl.Apply]
 	readQ  fifo[repl.Read]
 
-	clients  map[uint64]*ioengine.Request // loop only
-	link     *link                        // loop only
-	epoch    uint64                       // loop only
-	pending  map[uint64]*pendingPair      // loop only: accepted halves
-	inflight atomic.Int64                 // applies submitted and not completed
-	opens    atomic.Int64                 // wrapped devices not released: clients holding the volume
-	queued   atomic.Int64                 // applies in applyQ or being submitted by the submitter
+	clients map[uint64]*export.Request // loop only
+	// rmwLocks and rmwDeferred: read-modify-write range locks and the
+	// client writes they hold back (rmw.go). Loop only.
+	rmwLocks    []*rmwLock
+	rmwDeferred []*export.Request
+	link        *link                   // loop only
+	epoch       uint64                  // loop only
+	pending     map[uint64]*pendingPair // loop only: accepted halves
+	inflight    atomic.Int64            // applies submitted and not completed
+	opens       atomic.Int64            // wrapped devices not released: clients holding the volume
+	queued      atomic.Int64            // applies in applyQ or being submitted by the submitter
 
 	// rxBudget bounds stream data received but not yet applied, so a slow
 	// secondary disk pushes back on the TCP data connection (and so on the
@@ -166,7 +169,8 @@ type event struct {
 	epoch uint64
 	msg   repl.Message
 	err   error
-	req   *ioengine.Request
+	req   *export.Request
+	owner *rmwLock // evPropose: the range lock this write belongs to
 	fn    func()
 	ch    byte
 	conn  net.Conn
@@ -260,7 +264,7 @@ func Start(o Options) (*Replica, error) {
 		tick:    tk.Tick,
 		node:    repl.NewNode(cfg, m, words, al),
 		events:  make(chan event, 1024),
-		clients: make(map[uint64]*ioengine.Request),
+		clients: make(map[uint64]*export.Request),
 		pending: make(map[uint64]*pendingPair),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -341,6 +345,8 @@ func (r *Replica) Addr() net.Addr { return r.ln.Addr() }
 func (r *Replica) loop() {
 	defer r.wg.Done()
 	defer close(r.done)
+	// Deferred writes belong to clients waiting for them: never dropped.
+	defer r.rmwFail(errStopped)
 	t := time.NewTicker(r.tick)
 	defer t.Stop()
 	for {
@@ -426,16 +432,21 @@ func (r *Replica) handle(ev event) {
 	case evConn:
 		r.addHalf(ev)
 	case evPropose:
-		r.propose(ev.req)
+		r.propose(ev.req, ev.owner)
 	case evFn:
 		ev.fn()
 	}
 }
 
-func (r *Replica) propose(req *ioengine.Request) {
+// propose hands a client request to the node, unless a read-modify-write
+// range lock other than owner holds it back (rmw.go).
+func (r *Replica) propose(req *export.Request, owner *rmwLock) {
+	if r.rmwDefer(req, owner) {
+		return
+	}
 	w := repl.Write{Offset: req.Offset, Length: req.Length, FUA: req.FUA, NoHole: req.NoHole}
 	switch req.Op {
-	case ioengine.OpWrite:
+	case export.OpWrite:
 		w.Op, w.Data = repl.OpWrite, req.Data
 		if r.protoA {
 			// Under protocol A the client is answered once the write is
@@ -445,11 +456,11 @@ func (r *Replica) propose(req *ioengine.Request) {
 			// C answer only after the peer has received the data.)
 			w.Data = append([]byte(nil), req.Data...)
 		}
-	case ioengine.OpTrim:
+	case export.OpTrim:
 		w.Op = repl.OpTrim
-	case ioengine.OpWriteZeroes:
+	case export.OpWriteZeroes:
 		w.Op = repl.OpZero
-	case ioengine.OpFlush:
+	case export.OpFlush:
 		w.Op = repl.OpFlush
 	}
 	id, err := r.node.Propose(w)
@@ -470,7 +481,7 @@ func mapErr(err error) error {
 	return fmt.Errorf("%w: %w", err, syscall.EIO)
 }
 
-func finish(req *ioengine.Request, err error) {
+func finish(req *export.Request, err error) {
 	req.Err = err
 	if req.Done != nil {
 		req.Done(req)
@@ -523,6 +534,9 @@ func (r *Replica) process() error {
 				finish(req, err)
 			}
 		}
+		if len(r.rmwLocks) > 0 && len(rd.Release) > 0 {
+			r.rmwGrant()
+		}
 		if rd.Disconnect != "" {
 			r.noteDisconnect(rd.Disconnect)
 			r.dropLink()
@@ -563,6 +577,7 @@ func (r *Replica) failAll(err error) {
 		delete(r.clients, id)
 		finish(req, fmt.Errorf("replication stopped: %w: %w", err, syscall.EIO))
 	}
+	r.rmwFail(fmt.Errorf("replication stopped: %w: %w", err, syscall.EIO))
 	r.dropLink()
 }
 
@@ -589,29 +604,29 @@ func (r *Replica) submitter() {
 }
 
 // submit hands one apply to the engine; more says the caller holds the
-// next apply already (ioengine.Request.More: the secondary has the
+// next apply already (export.Request.More: the secondary has the
 // replication stream's window in hand, so its writes are gathered by what
 // is queued rather than by the engine's timed backstop alone).
 // REQUIRES: called by the loop (when queued == 0) or by the submitter,
 // never both at once for consecutive applies (see queued).
 func (r *Replica) submit(a repl.Apply, more bool) {
-	req := &ioengine.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID, More: more}
+	req := &export.Request{Offset: a.Offset, Length: a.Length, Data: a.Data, FUA: a.FUA, Cookie: a.ID, More: more}
 	switch a.Op {
 	case repl.OpWrite:
-		req.Op = ioengine.OpWrite
+		req.Op = export.OpWrite
 	case repl.OpTrim:
-		req.Op = ioengine.OpTrim
+		req.Op = export.OpTrim
 	case repl.OpZero:
-		req.Op, req.NoHole = ioengine.OpWriteZeroes, a.NoHole
+		req.Op, req.NoHole = export.OpWriteZeroes, a.NoHole
 	case repl.OpFlush:
-		req.Op = ioengine.OpFlush
+		req.Op = export.OpFlush
 	}
 	bytes := int64(len(a.Data))
 	var rxBuf []byte
 	if a.Received {
 		rxBuf = a.Data
 	}
-	req.Done = func(q *ioengine.Request) {
+	req.Done = func(q *export.Request) {
 		r.comp.push(completion{id: q.Cookie, err: q.Err, bytes: bytes, rxBuf: rxBuf})
 	}
 	r.dev.Submit(req)
@@ -635,8 +650,8 @@ func (r *Replica) resyncReader() {
 func (r *Replica) readRange(off, length int64) ([]byte, error) {
 	buf := make([]byte, length)
 	done := make(chan error, 1)
-	r.dev.Submit(&ioengine.Request{Op: ioengine.OpRead, Offset: off, Length: length, Data: buf,
-		Done: func(q *ioengine.Request) { done <- q.Err }})
+	r.dev.Submit(&export.Request{Op: export.OpRead, Offset: off, Length: length, Data: buf,
+		Done: func(q *export.Request) { done <- q.Err }})
 	return buf, <-done
 }
 

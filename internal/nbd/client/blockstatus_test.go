@@ -67,9 +67,9 @@ func TestAppendExtentsClips(t *testing.T) {
 	}{
 		{"within", 100, 30, []proto.BlockDescriptor{bd(10, 0), bd(20, hole)},
 			[]Extent{{100, 10, false, false}, {110, 20, true, true}}},
-		{"last runs over", 0, 4096, []proto.BlockDescriptor{bd(1024, 0), bd(1 << 31, hole)},
+		{"last runs over", 0, 4096, []proto.BlockDescriptor{bd(1024, 0), bd(1<<31, hole)},
 			[]Extent{{0, 1024, false, false}, {1024, 3072, true, true}}},
-		{"single longer than asked", 1 << 33, 1<<31 - 512, []proto.BlockDescriptor{bd(1<<32 - 1, hole)},
+		{"single longer than asked", 1 << 33, 1<<31 - 512, []proto.BlockDescriptor{bd(1<<32-1, hole)},
 			[]Extent{{1 << 33, 1<<31 - 512, true, true}}},
 		{"descriptors after the end", 0, 10, []proto.BlockDescriptor{bd(10, 0), bd(5, hole), bd(7, 0)},
 			[]Extent{{0, 10, false, false}}},

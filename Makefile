@@ -113,7 +113,7 @@ install: build
 # (one entry for this build) and documents over 4 KiB compressed.
 DEBROOT    ?= $(OUT)/deb-root
 DEB_ARCH   ?= $(shell dpkg --print-architecture 2>/dev/null || $(GO) env GOARCH)
-DEB_VERSION ?= $(shell packaging/deb/version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)')
+DEB_VERSION ?= $(shell sh packaging/deb/version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)')
 DEB        := $(OUT)/vmsan_$(DEB_VERSION)_$(DEB_ARCH).deb
 DEB_DOC    := $(DEBROOT)/usr/share/doc/vmsan
 

@@ -160,6 +160,9 @@ type Daemon struct {
 
 	// roles are replicated volumes' roles (SetVolumeRole, alua.go).
 	roles volumeRoles
+
+	// noSpace holds the volumes' ENOSPC records (nospace.go).
+	noSpace noSpaceWatch
 }
 
 // Plugin extends a daemon with per-volume features that live outside this
@@ -272,6 +275,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
+	d.noSpace.init()
 	d.budget.Init(int64(d.inflightBudget()))
 	defer func() {
 		if err != nil {
@@ -464,6 +468,7 @@ func (d *Daemon) openAll() error {
 		}
 		m[meta.Name] = v
 	}
+	d.noSpace.attach(m)
 	d.vols.Store(&m)
 	return nil
 }
@@ -476,6 +481,7 @@ func (d *Daemon) publish(fn func(m map[string]*volrt.Volume)) {
 		n[k] = v
 	}
 	fn(n)
+	d.noSpace.attach(n)
 	d.vols.Store(&n)
 }
 
@@ -674,6 +680,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}(fe)
 	}
 	go d.ctlSrv.Serve(d.ctlLn)
+	go d.watchNoSpace(ctx)
 	if d.metrics != nil {
 		go d.metrics.Serve(d.metricsLn)
 	}

@@ -50,6 +50,9 @@ type Volume struct {
 	// gate holds new writes while a snapshot is taken (Quiesce): every
 	// mutating Submit holds it shared for the length of the call.
 	gate sync.RWMutex
+
+	// noSpace receives the engine's ENOSPC reports (nospace.go).
+	noSpace atomic.Pointer[NoSpace]
 }
 
 // Open opens a volume's backend and starts its engine. maxPayload is the
@@ -76,6 +79,11 @@ func Open(store *volume.Store, m volume.Meta, ecfg ioengine.Config, maxPayload u
 // owns be from now on: Close closes it.
 func New(m volume.Meta, be backend.Backend, ecfg ioengine.Config, maxPayload uint32) *Volume {
 	v := &Volume{name: m.Name, meta: m, be: be, maxPayload: maxPayload}
+	if prev := ecfg.OnNoSpace; prev != nil {
+		ecfg.OnNoSpace = func() { v.noteNoSpace(); prev() }
+	} else {
+		ecfg.OnNoSpace = v.noteNoSpace
+	}
 	v.eng = ioengine.New(be, ecfg)
 	return v
 }

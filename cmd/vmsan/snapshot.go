@@ -16,11 +16,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
-	"github.com/vbauerster/mpb/v8"
-	"github.com/vbauerster/mpb/v8/decor"
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/bench"
+	prog "github.com/vmsan/vmsan/internal/progress"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/nbd/client"
 	"github.com/vmsan/vmsan/internal/sparse"
@@ -345,17 +344,16 @@ func printSnapshots(w io.Writer, l []daemon.SnapshotInfo) {
 	tw.Flush()
 }
 
-// progress returns a bar on a terminal (stderr), else nothing.
+// progress returns a bar on a terminal (stderr: percent, amount, rate,
+// ETA; internal/progress), else nothing.
 func progress(name string, total int64, quiet bool) (set func(int64), done func()) {
-	if quiet || total <= 0 || !bench.IsTerminal(os.Stderr) {
+	if quiet || total <= 0 || !prog.IsTerminal(os.Stderr) {
 		return func(int64) {}, func() {}
 	}
-	p := mpb.New(mpb.WithOutput(os.Stderr), mpb.WithWidth(40))
-	b := p.AddBar(total, mpb.PrependDecorators(decor.Name(name+" ")),
-		mpb.AppendDecorators(decor.CountersKibiByte("% .1f / % .1f"), decor.Name(" "), decor.AverageSpeed(decor.SizeB1024(0), "% .1f")))
-	return func(n int64) { b.SetCurrent(n) }, func() {
-		b.SetCurrent(total)
-		p.Wait()
+	b := prog.New(os.Stderr, name, total, prog.Bytes)
+	return b.Set, func() {
+		b.Set(total)
+		b.Done("")
 	}
 }
 

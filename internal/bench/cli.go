@@ -94,7 +94,9 @@ func Execute(ctx context.Context, cfg RunConfig, stdout, stderr *os.File) error 
 		}
 	}
 	prog, wait := NewProgress(stderr, cfg.Quiet || cfg.JSON && !IsTerminal(stderr))
+	stopOverall := startOverall(prog, Estimate(o))
 	res, runErr := RunProfile(ctx, t, o, prog)
+	stopOverall()
 	wait()
 	if snap != nil {
 		// Also after a failed or interrupted run: that is when test data

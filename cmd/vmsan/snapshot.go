@@ -19,9 +19,9 @@ import (
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/bench"
-	prog "github.com/vmsan/vmsan/internal/progress"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/nbd/client"
+	prog "github.com/vmsan/vmsan/internal/progress"
 	"github.com/vmsan/vmsan/internal/sparse"
 	"github.com/vmsan/vmsan/internal/volume"
 )

@@ -34,9 +34,9 @@ import (
 type Unit int
 
 const (
-	Count Unit = iota // plain counts ("1200/5000")
-	Bytes             // binary sizes ("1.2 GiB/2.8 GiB") and a rate
-	Millis            // milliseconds of an estimated duration ("1m20s")
+	Count  Unit = iota // plain counts ("1200/5000")
+	Bytes              // binary sizes ("1.2 GiB/2.8 GiB") and a rate
+	Millis             // milliseconds of an estimated duration ("1m20s")
 )
 
 // LinePeriod is how often a plain-line progress reports.

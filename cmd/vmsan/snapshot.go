@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -65,7 +66,14 @@ The snapshot is served read-only over NBD as export VOL@NAME, e.g.
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withSnapOps(func(_ daemon.VolumeOps, ops daemon.SnapshotOps, _ bool) error {
+				var stop func()
+				if copyData {
+					stop = followCopy(ops, args[0]+volume.SnapSep+args[1])
+				}
 				si, err := ops.CreateSnapshot(args[0], args[1], copyData)
+				if stop != nil {
+					stop()
+				}
 				if err != nil {
 					return err
 				}
@@ -354,6 +362,32 @@ func progress(name string, total int64, quiet bool) (set func(int64), done func(
 	return b.Set, func() {
 		b.Set(total)
 		b.Done("")
+	}
+}
+
+// followCopy draws a bar (on a terminal) for the daemon's full copy into
+// target, from its copy events; stop ends it.
+func followCopy(ops any, target string) (stop func()) {
+	if !prog.IsTerminal(os.Stderr) {
+		return func() {}
+	}
+	var mu sync.Mutex
+	var b *prog.Bar
+	end := daemon.FollowCopy(ops, target, func(done, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if b == nil {
+			b = prog.New(os.Stderr, "copy "+target, total, prog.Bytes)
+		}
+		b.Set(done)
+	})
+	return func() {
+		end()
+		mu.Lock()
+		defer mu.Unlock()
+		if b != nil {
+			b.Done("")
+		}
 	}
 }
 

@@ -221,14 +221,15 @@ func (d *Daemon) quiesce(name string) (func(), error) {
 func (d *Daemon) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, err := d.store.Get(vol); err != nil {
+	m, err := d.store.Get(vol)
+	if err != nil {
 		return SnapshotInfo{}, err
 	}
 	resume, err := d.quiesce(vol)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	sm, err := d.store.CreateSnapshot(vol, snap, volume.CloneOptions{Copy: copyData})
+	sm, err := d.store.CreateSnapshot(vol, snap, volume.CloneOptions{Copy: copyData, Progress: d.copyProgress(vol, vol+volume.SnapSep+snap, m.Size)})
 	resume()
 	if err != nil {
 		return SnapshotInfo{}, err

@@ -51,6 +51,9 @@ const (
 	// NoSpace: writes to a thin volume failed with ENOSPC (its filesystem
 	// is full); at most one change line per volume every 10 s.
 	NoSpace = "no-space" // volume, errors, last, fs_free_bytes
+	// Copy: progress of a full copy (snapshot, clone, rollback --copy),
+	// every 0.5 s and at the end.
+	Copy = "copy" // volume, target, done_bytes, total_bytes, percent
 )
 
 // Attr is one key:value of an event, kept in the publisher's order.

@@ -35,17 +35,18 @@ RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|is
 # comparison, the initiator's tests and bench/iscsi-compare),
 # systemd-analyze for the unit file check in packaging/, promtool from
 # prometheus for the alert rules in docs/; open-iscsi, multipath-tools,
+# dpkg-dev (dpkg-parsechangelog checks the .deb's changelog in packaging/);
 # sg3-utils and bonnie++ whose binaries scripts/guest/build.sh --iscsi copies
 # into the test guest: tests/iscsiguest starts iscsid and multipathd only
 # inside that guest, never on the host. On a host with systemd, installing
 # open-iscsi and multipath-tools enables their units; CI containers start none.
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
              busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd \
-             prometheus qemu-block-extra tgt open-iscsi multipath-tools dmsetup sg3-utils bonnie++ jq
+             prometheus qemu-block-extra tgt open-iscsi multipath-tools dmsetup sg3-utils bonnie++ jq dpkg-dev
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze \
-             promtool iscsi-test-cu tgtd iscsiadm multipath dmsetup sg_inq bonnie++ jq
+             promtool iscsi-test-cu tgtd iscsiadm multipath dmsetup sg_inq bonnie++ jq dpkg-parsechangelog
 
 .PHONY: all build install deb deb-version test deps vet unit race fuzz-short alua-kernel fuzz bench soak clean scenarios
 

@@ -34,8 +34,8 @@ RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|is
 # own for TOOLS), tgt (tgtd/tgtadm, the reference iSCSI target for the suite
 # comparison, the initiator's tests and bench/iscsi-compare),
 # systemd-analyze for the unit file check in packaging/, promtool from
-# prometheus for the alert rules in docs/; open-iscsi, multipath-tools,
-# dpkg-dev (dpkg-parsechangelog checks the .deb's changelog in packaging/);
+# prometheus for the alert rules in docs/; dpkg-dev (dpkg-parsechangelog
+# checks the .deb's changelog in packaging/); open-iscsi, multipath-tools,
 # sg3-utils and bonnie++ whose binaries scripts/guest/build.sh --iscsi copies
 # into the test guest: tests/iscsiguest starts iscsid and multipathd only
 # inside that guest, never on the host. On a host with systemd, installing

@@ -9,18 +9,15 @@
 #   go build -o /tmp/vmsan ./cmd/vmsan
 #   bench/gather-load/run.sh /tmp/vmsan BUSY(0|2) REPL(0|1) [SIZE] [LABEL]
 #
-# Needs fio (with the nbd engine), nbdinfo, jq and python3 (to pick free
-# ports in 25000-25999). Stops every process it started. Exits non-zero
+# Needs fio (with the nbd engine), nbdinfo and jq; ports come from
+# 25000-25999. Stops every process it started. Exits non-zero
 # when the pair does not sync, fio fails or a figure is missing.
 BIN=$1; BUSY=$2; REPL=$3; SIZE=${4:-256M}; LABEL=$5
 T=$(mktemp -d)
 PA=; PB=; BPIDS=
 trap 'kill $PA $PB $BPIDS 2>/dev/null; rm -rf "$T"' EXIT
-port() { python3 -c 'import socket,random
-for _ in range(200):
-  p=random.randint(25000,25999); s=socket.socket()
-  try: s.bind(("127.0.0.1",p)); s.close(); print(p); break
-  except OSError: pass'; }
+# A port in 25000-25999 nothing listens on (a refused connect).
+port() { for _ in $(seq 200); do p=$((25000 + RANDOM % 1000)); if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then echo $p; return; fi; done; echo "gather-load: no free port" >&2; exit 1; }
 A=$T/a; B=$T/b; CFGA=; CFGB=; if [ -n "$GD" ]; then printf "engine:\n  gather_delay: $GD\n" > $T/cfg.yaml; CFGA="--config $T/cfg.yaml"; CFGB="--config $T/cfg.yaml"; fi; NA=$(port); NB=$(port)
 $BIN volume create vol --size $SIZE --data-dir $A >/dev/null
 if [ $REPL = 1 ]; then

@@ -5,7 +5,8 @@
 #                short run of every fuzz target, and the multipath/HA guest
 #                tests again on a guest kernel with scsi_dh_alua
 #   make build   build bin/vmsan (version from `git describe`; see `vmsan version`)
-#   make install binary, man pages, shell completions, systemd unit and a
+#   make install binary, man pages, shell completions, systemd unit, docs
+#                (DOCDIR), dashboard and alert rules (SHAREDIR) and a
 #                default /etc/vmsan/vmsan.yaml (PREFIX=/usr/local, DESTDIR=)
 #   make deb     bin/vmsan_VERSION_ARCH.deb (dpkg-deb) from `make install`
 #   make fuzz    long fuzzing (FUZZTIME=5m per target by default)
@@ -36,20 +37,21 @@ RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|is
 # own for TOOLS), tgt (tgtd/tgtadm, the reference iSCSI target for the suite
 # comparison, the initiator's tests and bench/iscsi-compare),
 # systemd-analyze for the unit file check in packaging/, promtool from
-# prometheus for the alert rules in docs/; open-iscsi, multipath-tools,
+# prometheus for the alert rules in docs/; dpkg-dev (dpkg-parsechangelog
+# checks the .deb's changelog in packaging/); open-iscsi, multipath-tools,
 # sg3-utils and bonnie++ whose binaries scripts/guest/build.sh --iscsi copies
 # into the test guest: tests/iscsiguest starts iscsid and multipathd only
 # inside that guest, never on the host. On a host with systemd, installing
 # open-iscsi and multipath-tools enables their units; CI containers start none.
 APT_PKGS  := qemu-utils qemu-system-x86 libnbd-bin nbdkit nbd-server nbd-client fio \
              busybox-static btrfs-progs xfsprogs cpio gnutls-bin kmod e2fsprogs libiscsi-bin systemd \
-             prometheus qemu-block-extra tgt open-iscsi multipath-tools dmsetup sg3-utils bonnie++ jq
+             prometheus qemu-block-extra tgt open-iscsi multipath-tools dmsetup sg3-utils bonnie++ jq dpkg-dev
 # One program from each package above: if any is missing, install them all.
 TOOLS     := qemu-img qemu-io qemu-nbd qemu-system-x86_64 nbdinfo nbdcopy nbdkit nbd-server \
              nbd-client fio busybox mkfs.btrfs mkfs.xfs cpio certtool modprobe mkfs.ext4 iscsi-inq systemd-analyze \
-             promtool iscsi-test-cu tgtd iscsiadm multipath dmsetup sg_inq bonnie++ jq
+             promtool iscsi-test-cu tgtd iscsiadm multipath dmsetup sg_inq bonnie++ jq dpkg-parsechangelog
 
-.PHONY: all build install deb test deps vet unit race fuzz-short alua-kernel fuzz bench bench-check soak clean scenarios
+.PHONY: all build install deb deb-version test deps vet unit race fuzz-short alua-kernel fuzz bench bench-check soak clean scenarios
 
 all: build
 
@@ -80,12 +82,22 @@ UNITDIR    ?= $(PREFIX)/lib/systemd/system
 BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
 ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/site-functions
 FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+# Documentation (README.md, docs/*.md with their images: what the man pages'
+# "docs/NAME.md" refer to) and the monitoring files used as they are: the
+# Grafana dashboard and the Prometheus alert rules.
+DOCDIR     ?= $(PREFIX)/share/doc/vmsan
+SHAREDIR   ?= $(PREFIX)/share/vmsan
+DOCS       := $(wildcard docs/*.md docs/*.png) docs/vmsan.example.yaml
 
 install: build
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(UNITDIR) \
-		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR) $(DESTDIR)$(SYSCONFDIR)/vmsan
+		$(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR) $(DESTDIR)$(SYSCONFDIR)/vmsan \
+		$(DESTDIR)$(DOCDIR)/docs $(DESTDIR)$(SHAREDIR)
 	install -m 0755 $(OUT)/vmsan $(DESTDIR)$(BINDIR)/vmsan
-	$(OUT)/vmsan gen-man $(DESTDIR)$(MANDIR)/man1
+	$(OUT)/vmsan gen-man --doc-dir $(DOCDIR) --share-dir $(SHAREDIR) --config-path $(SYSCONFDIR)/vmsan/vmsan.yaml $(DESTDIR)$(MANDIR)/man1
+	install -m 0644 README.md $(DESTDIR)$(DOCDIR)/README.md
+	install -m 0644 $(DOCS) $(DESTDIR)$(DOCDIR)/docs/
+	install -m 0644 docs/grafana-dashboard.json docs/prometheus-alerts.yaml $(DESTDIR)$(SHAREDIR)/
 	$(OUT)/vmsan completion bash > $(DESTDIR)$(BASHCOMPDIR)/vmsan
 	$(OUT)/vmsan completion zsh > $(DESTDIR)$(ZSHCOMPDIR)/_vmsan
 	$(OUT)/vmsan completion fish > $(DESTDIR)$(FISHCOMPDIR)/vmsan.fish
@@ -98,17 +110,30 @@ install: build
 
 # A Debian package built with dpkg-deb only (no debhelper): the tree `make
 # install` produces under PREFIX=/usr, plus packaging/deb/. The version is
-# `git describe` made Debian-legal (v1.2.3-4-gabc -> 1.2.3+4.gabc; an
-# untagged tree gives 0.0~gitREV).
+# `git describe` made Debian-legal and ordered (packaging/deb/version.sh:
+# v1.2.3-4-gabc -> 1.2.3+4.gabc; an untagged tree gives
+# 0.0.0+gitYYYYMMDD.HHMMSS.REV, the commit time first so that dpkg orders
+# builds). Debian policy's /usr/share/doc/vmsan: copyright, changelog.gz
+# (one entry for this build) and documents over 4 KiB compressed.
 DEBROOT    ?= $(OUT)/deb-root
 DEB_ARCH   ?= $(shell dpkg --print-architecture 2>/dev/null || $(GO) env GOARCH)
-DEB_VERSION ?= $(shell echo '$(VERSION)' | sed -E 's/^v//; s/^([^0-9])/0.0~git\1/; s/-/+/; s/-/./g')
+DEB_VERSION ?= $(shell sh packaging/deb/version.sh '$(VERSION)' '$(SOURCE_DATE_EPOCH)')
 DEB        := $(OUT)/vmsan_$(DEB_VERSION)_$(DEB_ARCH).deb
+DEB_DOC    := $(DEBROOT)/usr/share/doc/vmsan
+
+# The version `make deb` would give this tree (packaging tests use it).
+deb-version:
+	@echo '$(DEB_VERSION)'
 
 deb:
 	rm -rf $(DEBROOT)
 	$(MAKE) install DESTDIR=$(DEBROOT) PREFIX=/usr ZSHCOMPDIR=/usr/share/zsh/vendor-completions
 	gzip -9n $(DEBROOT)/usr/share/man/man1/*.1
+	install -m 0644 packaging/deb/copyright $(DEB_DOC)/copyright
+	{ echo 'vmsan ($(DEB_VERSION)) unstable; urgency=medium'; echo; \
+	  echo '  * Build of $(VERSION) (commit $(REVISION)).'; echo; \
+	  echo " -- vmsan developers <vmsan@localhost>  $$(date -u -R -d @$${SOURCE_DATE_EPOCH:-0})"; } | gzip -9n > $(DEB_DOC)/changelog.gz
+	find $(DEB_DOC) -type f -size +4k \( -name '*.md' -o -name '*.yaml' \) -exec gzip -9n {} +
 	install -d $(DEBROOT)/DEBIAN
 	install -m 0644 packaging/deb/conffiles $(DEBROOT)/DEBIAN/conffiles
 	install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm $(DEBROOT)/DEBIAN/

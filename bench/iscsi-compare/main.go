@@ -9,6 +9,10 @@
 //	go run ./bench/iscsi-compare -runtime 5s -servers tgt-rdwr,tgt-aio
 //	go run ./bench/iscsi-compare -json > result.json
 //	go run ./bench/iscsi-compare -from result.json     # table of a saved run
+//	go run ./bench/iscsi-compare -size 64M -runtime 1s \
+//	    -jobs 'qemu-img write 4K QD32,iscsi-perf randread 4K QD32,vmsan-bench randwrite 4K QD32'  # smoke
+//
+// It exits non-zero when any measurement that could run failed.
 //
 // Clients (none of the iSCSI ones written here, except vmsan bench):
 //
@@ -150,6 +154,7 @@ func run() error {
 		repeat    = flag.Int("repeat", 1, "samples per job and server (interleaved); the table shows the median")
 		list      = flag.String("servers", strings.Join(allServers, ","), "comma-separated servers")
 		clients   = flag.String("clients", "qemu-img,iscsi-perf,vmsan-bench", "comma-separated clients")
+		jobsF     = flag.String("jobs", "", "comma-separated job names of those clients to run (default all)")
 		vmsanBin  = flag.String("vmsan", "", "vmsan binary that serves (default: go build ./cmd/vmsan into -dir)")
 		benchBin  = flag.String("vmsan-bench", "", "vmsan binary that runs `vmsan bench` as a client (default: -vmsan when given, else the one built)")
 		asJSON    = flag.Bool("json", false, "print the report as JSON on stdout (progress goes to stderr)")
@@ -196,6 +201,23 @@ func run() error {
 				jobs = append(jobs, j)
 			}
 		}
+	}
+	if *jobsF != "" {
+		want := map[string]bool{}
+		for _, n := range strings.Split(*jobsF, ",") {
+			want[strings.TrimSpace(n)] = true
+		}
+		var picked []Job
+		for _, j := range jobs {
+			if want[j.Name] {
+				picked = append(picked, j)
+				delete(want, j.Name)
+			}
+		}
+		for n := range want {
+			return fmt.Errorf("unknown job %q (or its client is not in -clients)", n)
+		}
+		jobs = picked
 	}
 	if len(jobs) == 0 {
 		return fmt.Errorf("no jobs for clients %q", *clients)
@@ -300,9 +322,28 @@ func run() error {
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		printTable(os.Stdout, rep)
 	}
-	printTable(os.Stdout, rep)
+	return failures(rep.Results)
+}
+
+// failures is an error when a measurement that could run (not n/a) failed
+// or measured nothing, so that a smoke run (and a script) sees it in the
+// exit status, not only in a cell of the table.
+func failures(rs []Result) error {
+	n := 0
+	for _, r := range rs {
+		if r.NA == "" && (r.Error != "" || r.IOPS <= 0) {
+			n++
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%d of %d measurements failed", n, len(rs))
+	}
 	return nil
 }
 
@@ -508,6 +549,9 @@ var perfAvg = regexp.MustCompile(`iops average ([0-9]+)`)
 // iscsiPerf runs libiscsi's iscsi-perf for rt, then interrupts it (it has
 // no run time of its own) and reads its last average.
 func iscsiPerf(ctx context.Context, uri string, j Job, rt time.Duration) (int64, float64, error) {
+	// It prints its first average after its first whole second of I/O
+	// (login and ramp-up come before): shorter runs have no figure.
+	rt = max(rt, 3*time.Second)
 	args := []string{"-m", strconv.Itoa(j.QD), "-b", strconv.Itoa(j.BS / 512)}
 	if j.Random {
 		args = append(args, "-r")

@@ -19,6 +19,9 @@
 // Jobs run job-major (for each job, each server in turn, a fresh server
 // process each time) so slow drift of the machine affects all servers alike.
 // Only one server runs at a time. The program stops every process it started.
+// It exits non-zero when any measurement failed.
+//
+//	go run ./bench/nbd-compare -size 64M -runtime 1s -ramp 0 -jobs seq-read-1M-QD8,rand-write-4K-QD32  # smoke
 package main
 
 import (
@@ -265,9 +268,28 @@ func run() error {
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(report)
+		if err := enc.Encode(report); err != nil {
+			return err
+		}
+	} else {
+		printTable(os.Stdout, report)
 	}
-	printTable(os.Stdout, report)
+	return failures(report.Results)
+}
+
+// failures is an error when a measurement failed or moved nothing, so that
+// a smoke run (and a script) sees a broken server or client in the exit
+// status, not only in a cell of the table.
+func failures(rs []Result) error {
+	n := 0
+	for _, r := range rs {
+		if r.Error != "" || r.MBps <= 0 {
+			n++
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%d of %d measurements failed", n, len(rs))
+	}
 	return nil
 }
 

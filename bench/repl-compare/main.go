@@ -4,16 +4,19 @@
 //
 //	go run ./bench/repl-compare                   # 10 s per job
 //	go run ./bench/repl-compare -runtime 5s -json > result.json
+//	go run ./bench/repl-compare -runtime 1s -size 64M  # smoke run (make test)
 //
 // Each configuration gets fresh data directories and fresh `vmsan serve`
 // processes (two for the replicated ones, the secondary on its own data
 // directory); volumes use the default writeback cache mode. Jobs run
 // job-major (for each job, each configuration in turn) so drift of a shared
 // machine affects all alike. The program stops every process it started.
+// It exits non-zero when any cell failed (its error is in the table/JSON).
 package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -25,6 +28,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/vmsan/vmsan/bench/internal/hostinfo"
 )
 
 type job struct {
@@ -59,9 +64,12 @@ var procs []*exec.Cmd
 func main() {
 	bin := flag.String("vmsan", "", "vmsan binary (default: go build ./cmd/vmsan into a temp dir)")
 	runtime := flag.Duration("runtime", 10*time.Second, "fio runtime per job")
-	size := flag.String("size", "1G", "volume size")
+	size := flag.String("size", "1G", "volume size (fio writes min(512M, size) of it)")
 	asJSON := flag.Bool("json", false, "print JSON")
 	flag.Parse()
+	sizeBytes, err := hostinfo.ParseSize(*size)
+	check(err)
+	fioSize := min(sizeBytes, 512<<20)
 
 	tmp, err := os.MkdirTemp("", "repl-compare-")
 	check(err)
@@ -85,7 +93,7 @@ func main() {
 			dir := filepath.Join(tmp, fmt.Sprintf("%s-%d", j.Name, i))
 			uri, err := setup(*bin, dir, *size, c.Protocol)
 			if err == nil {
-				r.MBps, r.IOPS, err = fio(uri, j, *runtime)
+				r.MBps, r.IOPS, err = fio(uri, j, *runtime, fioSize)
 			}
 			if err != nil {
 				r.Err = err.Error()
@@ -96,6 +104,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "%-20s %-13s %8.1f MB/s %9.0f IOPS %s\n", r.Job, r.Config, r.MBps, r.IOPS, r.Err)
 		}
 	}
+	defer exitIfFailed(results)
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -118,6 +127,22 @@ func main() {
 		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.0f\t%s\n", r.Job, r.Config, r.MBps, r.IOPS, ratio)
 	}
 	tw.Flush()
+}
+
+// exitIfFailed exits with status 1 when a cell failed, so a smoke run (and
+// a script) sees a broken configuration, not only a line in the table.
+func exitIfFailed(results []result) {
+	n := 0
+	for _, r := range results {
+		if r.Err != "" || r.IOPS <= 0 {
+			n++
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(os.Stderr, "repl-compare: %d of %d cells failed\n", n, len(results))
+		stopAll()
+		os.Exit(1)
+	}
 }
 
 func check(err error) {
@@ -155,49 +180,101 @@ func run(bin string, args ...string) error {
 	return nil
 }
 
+// node is one side of a replicated pair: its data directory and addresses.
+type node struct {
+	dir    string
+	listen string // replication
+	role   string
+	dial   string // "yes": this node dials its peer
+}
+
+// replConfigure writes the replication configuration of vol on a and b,
+// each naming the other as peer. Every setting of the pair is made here
+// (one place to add a new one, such as a shared secret).
+func replConfigure(bin string, a, b node, proto string) error {
+	// The link authenticates the peer with a shared secret, the same file
+	// for both nodes.
+	secret := filepath.Join(filepath.Dir(a.dir), "repl.secret")
+	if err := os.WriteFile(secret, []byte("repl-compare-shared-secret\n"), 0o600); err != nil {
+		return err
+	}
+	for _, p := range [][2]node{{a, b}, {b, a}} {
+		self, peer := p[0], p[1]
+		if err := run(bin, "repl", "configure", "vol", "--data-dir", self.dir, "--listen", self.listen, "--peer", peer.listen,
+			"--dial", self.dial, "--role", self.role, "--protocol", proto, "--shared-secret-file", secret); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// replState is the part of `vmsan repl status --json` this program reads.
+type replState struct {
+	Volume   string `json:"volume"`
+	Disk     string `json:"disk"`
+	Conn     string `json:"connection"`
+	PeerDisk string `json:"peer_disk"`
+}
+
+// waitInSync polls `vmsan repl status --json` on the primary until vol is
+// Connected with both disks UpToDate (the initial sync is done).
+func waitInSync(bin, dir string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last string
+	for {
+		out, err := exec.Command(bin, "repl", "status", "vol", "--json", "--data-dir", dir).Output()
+		var st []replState
+		switch {
+		case err != nil:
+			last = err.Error()
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				last += ": " + strings.TrimSpace(string(ee.Stderr))
+			}
+		case json.Unmarshal(out, &st) != nil || len(st) != 1:
+			last = "unexpected repl status --json output: " + string(out)
+		default:
+			s := st[0]
+			if s.Conn == "Connected" && s.Disk == "UpToDate" && s.PeerDisk == "UpToDate" {
+				return nil
+			}
+			last = fmt.Sprintf("connection %s, disk %s, peer disk %s", s.Conn, s.Disk, s.PeerDisk)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("replication did not connect and sync within %v: %s", timeout, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // setup creates the volume(s), configures replication if proto is set,
 // starts the server(s) and returns the primary's NBD URI once in sync.
 func setup(bin, dir, size, proto string) (string, error) {
-	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	a := node{dir: filepath.Join(dir, "a"), role: "primary", dial: "yes"}
+	b := node{dir: filepath.Join(dir, "b"), role: "secondary", dial: "no"}
 	nbdA, nbdB := freeAddr(), freeAddr()
-	if err := run(bin, "volume", "create", "vol", "--size", size, "--data-dir", a); err != nil {
+	if err := run(bin, "volume", "create", "vol", "--size", size, "--data-dir", a.dir); err != nil {
 		return "", err
 	}
 	if proto != "" {
-		if err := run(bin, "volume", "create", "vol", "--size", size, "--data-dir", b); err != nil {
+		if err := run(bin, "volume", "create", "vol", "--size", size, "--data-dir", b.dir); err != nil {
 			return "", err
 		}
-		ra, rb := freeAddr(), freeAddr()
-		// The link authenticates the peer with a shared secret.
-		secret := filepath.Join(dir, "repl.secret")
-		if err := os.WriteFile(secret, []byte("repl-compare-shared-secret\n"), 0o600); err != nil {
-			return "", err
-		}
-		if err := run(bin, "repl", "configure", "vol", "--data-dir", a, "--listen", ra, "--peer", rb, "--dial", "yes", "--role", "primary", "--protocol", proto, "--shared-secret-file", secret); err != nil {
-			return "", err
-		}
-		if err := run(bin, "repl", "configure", "vol", "--data-dir", b, "--listen", rb, "--peer", ra, "--dial", "no", "--role", "secondary", "--protocol", proto, "--shared-secret-file", secret); err != nil {
+		a.listen, b.listen = freeAddr(), freeAddr()
+		if err := replConfigure(bin, a, b, proto); err != nil {
 			return "", err
 		}
 	}
-	if err := serve(bin, a, nbdA); err != nil {
+	if err := serve(bin, a.dir, nbdA); err != nil {
 		return "", err
 	}
 	if proto != "" {
-		if err := serve(bin, b, nbdB); err != nil {
+		if err := serve(bin, b.dir, nbdB); err != nil {
 			return "", err
 		}
 		// Wait for the initial (hole-skipping) sync to finish.
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			out, _ := exec.Command(bin, "repl", "status", "--data-dir", a).CombinedOutput()
-			if strings.Contains(string(out), "Connected") && !strings.Contains(string(out), "Sync") {
-				break
-			}
-			if time.Now().After(deadline) {
-				return "", fmt.Errorf("replication did not connect: %s", out)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err := waitInSync(bin, a.dir, 60*time.Second); err != nil {
+			return "", err
 		}
 	}
 	return "nbd://" + nbdA + "/vol", nil
@@ -239,13 +316,16 @@ func stopAll() {
 	procs = nil
 }
 
-func fio(uri string, j job, runtime time.Duration) (mbps, iops float64, err error) {
+func fio(uri string, j job, runtime time.Duration, size int64) (mbps, iops float64, err error) {
 	args := []string{"--name=" + j.Name, "--ioengine=nbd", "--uri=" + uri, "--rw=" + j.RW, "--bs=" + j.BS,
-		fmt.Sprintf("--iodepth=%d", j.IODepth), "--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())),
-		"--size=512M", "--output-format=json"}
-	out, err := exec.Command("fio", args...).Output()
+		fmt.Sprintf("--iodepth=%d", j.IODepth), "--time_based", fmt.Sprintf("--runtime=%dms", max(runtime.Milliseconds(), 1)),
+		fmt.Sprintf("--size=%d", size), "--output-format=json"}
+	var stderr strings.Builder
+	cmd := exec.Command("fio", args...)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return 0, 0, fmt.Errorf("fio: %v", err)
+		return 0, 0, fmt.Errorf("fio: %v: %s", err, hostinfo.FirstLine(stderr.String()))
 	}
 	// fio may print warnings before the JSON document.
 	if i := strings.IndexByte(string(out), '{'); i > 0 {

@@ -21,6 +21,7 @@ func init() {
 		rw, runtime, passTime, warmup      string
 		interval, chrTime                  string
 		plotOut, compPlot                  string
+		compPlotOpts                       bench.PlotOptions
 		compJSON                           bool
 	)
 	cmd := &cobra.Command{
@@ -114,6 +115,7 @@ See docs/bench.md.`,
 	f.StringVarP(&cfg.Out, "output", "o", "", `result file (default RESULTS_DIR/vmsan-bench-PROFILE-TIME.json; "none" for no file)`)
 	f.StringVar(&cfg.ResultsDir, "results-dir", "", "directory for auto-named results (default $XDG_STATE_HOME/vmsan/bench, i.e. ~/.local/state/vmsan/bench)")
 	f.StringVar(&plotOut, "plot", "", "draw the result into FILE.png or FILE.svg")
+	f.BoolVar(&cfg.PlotOpts.LogScale, "log-scale", false, "--plot: logarithmic value axis (small results stay visible next to large ones)")
 	f.BoolVarP(&cfg.Quiet, "quiet", "q", false, "no progress output")
 	f.Uint64Var(&cfg.Options.Seed, "seed", 0, "random seed (default: time based)")
 	// NBD
@@ -152,11 +154,12 @@ See docs/bench.md.`,
 		Short: "Show bench results side by side with % change against the first",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			return bench.CompareFiles(args, compPlot, compJSON, os.Stdout)
+			return bench.CompareFiles(args, compPlot, compJSON, os.Stdout, compPlotOpts)
 		},
 	}
 	compare.Flags().StringVar(&compPlot, "plot", "", "draw bar charts (and gnome-disks rate vs position) into FILE.png or FILE.svg")
 	compare.Flags().BoolVar(&compJSON, "json", false, "print the comparison as JSON")
+	compare.Flags().BoolVar(&compPlotOpts.LogScale, "log-scale", false, "--plot: logarithmic value axis (small results stay visible next to large ones)")
 	cmd.AddCommand(compare)
 	rootCmd.AddCommand(cmd)
 }

@@ -11,19 +11,19 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
-	"github.com/vbauerster/mpb/v8"
-	"github.com/vbauerster/mpb/v8/decor"
 
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/bench"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/nbd/client"
+	prog "github.com/vmsan/vmsan/internal/progress"
 	"github.com/vmsan/vmsan/internal/sparse"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -67,7 +67,14 @@ The snapshot is served read-only over NBD as export VOL@NAME, e.g.
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withSnapOps(func(_ daemon.VolumeOps, ops daemon.SnapshotOps, _ bool) error {
+				var stop func()
+				if copyData {
+					stop = followCopy(ops, args[0]+volume.SnapSep+args[1])
+				}
 				si, err := ops.CreateSnapshot(args[0], args[1], copyData)
+				if stop != nil {
+					stop()
+				}
 				if err != nil {
 					return err
 				}
@@ -382,17 +389,42 @@ func printSnapshots(w io.Writer, l []daemon.SnapshotInfo) {
 	tw.Flush()
 }
 
-// progress returns a bar on a terminal (stderr), else nothing.
+// progress returns a bar on a terminal (stderr: percent, amount, rate,
+// ETA; internal/progress), else nothing.
 func progress(name string, total int64, quiet bool) (set func(int64), done func()) {
-	if quiet || total <= 0 || !bench.IsTerminal(os.Stderr) {
+	if quiet || total <= 0 || !prog.IsTerminal(os.Stderr) {
 		return func(int64) {}, func() {}
 	}
-	p := mpb.New(mpb.WithOutput(os.Stderr), mpb.WithWidth(40))
-	b := p.AddBar(total, mpb.PrependDecorators(decor.Name(name+" ")),
-		mpb.AppendDecorators(decor.CountersKibiByte("% .1f / % .1f"), decor.Name(" "), decor.AverageSpeed(decor.SizeB1024(0), "% .1f")))
-	return func(n int64) { b.SetCurrent(n) }, func() {
-		b.SetCurrent(total)
-		p.Wait()
+	b := prog.New(os.Stderr, name, total, prog.Bytes)
+	return b.Set, func() {
+		b.Set(total)
+		b.Done("")
+	}
+}
+
+// followCopy draws a bar (on a terminal) for the daemon's full copy into
+// target, from its copy events; stop ends it.
+func followCopy(ops any, target string) (stop func()) {
+	if !prog.IsTerminal(os.Stderr) {
+		return func() {}
+	}
+	var mu sync.Mutex
+	var b *prog.Bar
+	end := daemon.FollowCopy(ops, target, func(done, total int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if b == nil {
+			b = prog.New(os.Stderr, "copy "+target, total, prog.Bytes)
+		}
+		b.Set(done)
+	})
+	return func() {
+		end()
+		mu.Lock()
+		defer mu.Unlock()
+		if b != nil {
+			b.Done("")
+		}
 	}
 }
 

@@ -24,7 +24,8 @@ type RunConfig struct {
 	// ResultsDir holds auto-named results; "" = DefaultResultsDir().
 	ResultsDir string
 	Plot       string // .png or .svg to draw
-	Quiet      bool   // no progress output
+	PlotOpts   PlotOptions
+	Quiet      bool // no progress output
 }
 
 // DefaultResultsDir is where results go without -o: $XDG_STATE_HOME/vmsan/bench,
@@ -94,7 +95,9 @@ func Execute(ctx context.Context, cfg RunConfig, stdout, stderr *os.File) error 
 		}
 	}
 	prog, wait := NewProgress(stderr, cfg.Quiet || cfg.JSON && !IsTerminal(stderr))
+	stopOverall := startOverall(prog, Estimate(o))
 	res, runErr := RunProfile(ctx, t, o, prog)
+	stopOverall()
 	wait()
 	if snap != nil {
 		// Also after a failed or interrupted run: that is when test data
@@ -147,7 +150,7 @@ func Execute(ctx context.Context, cfg RunConfig, stdout, stderr *os.File) error 
 		}
 	}
 	if cfg.Plot != "" && runErr == nil {
-		if err := Plot(cfg.Plot, []string{resultLabel(res, out)}, []*Result{res}); err != nil {
+		if err := Plot(cfg.Plot, []string{resultLabel(res, out)}, []*Result{res}, cfg.PlotOpts); err != nil {
 			return err
 		}
 		if !cfg.JSON {
@@ -166,7 +169,7 @@ func resultLabel(r *Result, path string) string {
 
 // CompareFiles loads results and prints them side by side (or as JSON),
 // optionally plotting them.
-func CompareFiles(paths []string, plotPath string, asJSON bool, stdout *os.File) error {
+func CompareFiles(paths []string, plotPath string, asJSON bool, stdout *os.File, opts ...PlotOptions) error {
 	if len(paths) < 1 {
 		return errors.New("bench compare: give at least one result file")
 	}
@@ -190,7 +193,7 @@ func CompareFiles(paths []string, plotPath string, asJSON bool, stdout *os.File)
 		Compare(stdout, names, rs)
 	}
 	if plotPath != "" {
-		return Plot(plotPath, names, rs)
+		return Plot(plotPath, names, rs, opts...)
 	}
 	return nil
 }

@@ -137,6 +137,9 @@ type VolumeStatus struct {
 	Connections int             `json:"connections"`
 	Clients     []volrt.Session `json:"clients,omitempty"`
 	Engine      *EngineStats    `json:"engine,omitempty"`
+	// NoSpace is present once writes to the volume failed with ENOSPC
+	// (its filesystem full): count, last time, free space now.
+	NoSpace *NoSpaceStatus `json:"no_space,omitempty"`
 }
 
 // APIError is the JSON body of every non-2xx reply.

@@ -401,6 +401,7 @@ func (d *Daemon) Status() Status {
 			es := engineStats(v.EngineStats())
 			vs.Engine = &es
 		}
+		vs.NoSpace = d.noSpaceStatus(m.Name)
 		st.Volumes = append(st.Volumes, vs)
 	}
 	d.statusMu.Lock()

@@ -164,6 +164,9 @@ type Daemon struct {
 
 	// roles are replicated volumes' roles (SetVolumeRole, alua.go).
 	roles volumeRoles
+
+	// noSpace holds the volumes' ENOSPC records (nospace.go).
+	noSpace noSpaceWatch
 }
 
 // Plugin extends a daemon with per-volume features that live outside this
@@ -278,6 +281,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
+	d.noSpace.init()
 	d.budget.Init(int64(d.inflightBudget()))
 	defer func() {
 		if err != nil {
@@ -473,6 +477,7 @@ func (d *Daemon) openAll() error {
 		}
 		m[meta.Name] = v
 	}
+	d.noSpace.attach(m)
 	d.vols.Store(&m)
 	return nil
 }
@@ -485,6 +490,7 @@ func (d *Daemon) publish(fn func(m map[string]*volrt.Volume)) {
 		n[k] = v
 	}
 	fn(n)
+	d.noSpace.attach(n)
 	d.vols.Store(&n)
 }
 
@@ -698,6 +704,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// net/http retries only "temporary" accept errors; the wrapper
 	// retries every error but a close (limits.go).
 	go d.ctlSrv.Serve(netutil.Retry(d.ctlLn, d.log, "control socket"))
+	go d.watchNoSpace(ctx)
 	if d.metrics != nil {
 		go d.metrics.Serve(d.metricsServed)
 	}

@@ -84,6 +84,7 @@ func PrintStatus(w io.Writer, s Status) {
 			usec(e.LatencyP50us), usec(e.LatencyP99us))
 	}
 	tw.Flush()
+	printNoSpace(w, s.Volumes)
 	printClients(w, s.Volumes)
 	printISCSIStats(w, s.FrontEnds)
 	for k, v := range s.Extra {
@@ -102,6 +103,29 @@ func usec(us float64) string {
 	default:
 		return fmt.Sprintf("%.1fms", us/1000)
 	}
+}
+
+// printNoSpace lists the volumes whose writes failed with ENOSPC.
+func printNoSpace(w io.Writer, vols []VolumeStatus) {
+	n := 0
+	for _, v := range vols {
+		if v.NoSpace != nil {
+			n++
+		}
+	}
+	if n == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nOUT OF SPACE: writes failed with ENOSPC (the filesystem under these thin volumes is full):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VOLUME\tENOSPC ERRORS\tLAST\tFS FREE\tFS SIZE")
+	for _, v := range vols {
+		if ns := v.NoSpace; ns != nil {
+			fmt.Fprintf(tw, "%s\t%d\t%s (%s ago)\t%s\t%s\n", v.Name, ns.Errors, ns.Last.Local().Format(time.DateTime),
+				time.Since(ns.Last).Truncate(time.Second), volume.HumanSize(ns.FSFreeBytes), volume.HumanSize(ns.FSSizeBytes))
+		}
+	}
+	tw.Flush()
 }
 
 // printClients lists the connected clients per volume: front end, address

@@ -236,13 +236,15 @@ func (d *Daemon) CreateTemporarySnapshot(vol, snap string, copyData bool) (Snaps
 func (d *Daemon) createSnapshot(vol, snap string, o volume.CloneOptions) (SnapshotInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, err := d.store.Get(vol); err != nil {
+	m, err := d.store.Get(vol)
+	if err != nil {
 		return SnapshotInfo{}, err
 	}
 	resume, err := d.quiesce(vol)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
+	o.Progress = d.copyProgress(vol, vol+volume.SnapSep+snap, m.Size)
 	sm, err := d.store.CreateSnapshot(vol, snap, o)
 	resume()
 	if err != nil {

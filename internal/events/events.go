@@ -48,6 +48,12 @@ const (
 	Client      = "client"      // id, front_end, volume, remote, since (destroy: duration)
 	Replication = "replication" // volume, role, disk, connection, peer_role, peer_disk
 	Resync      = "resync"      // volume, direction, left_bytes, percent
+	// NoSpace: writes to a thin volume failed with ENOSPC (its filesystem
+	// is full); at most one change line per volume every 10 s.
+	NoSpace = "no-space" // volume, errors, last, fs_free_bytes
+	// Copy: progress of a full copy (snapshot, clone, rollback --copy),
+	// every 0.5 s and at the end.
+	Copy = "copy" // volume, target, done_bytes, total_bytes, percent
 )
 
 // Attr is one key:value of an event, kept in the publisher's order.

@@ -80,6 +80,12 @@ type Config struct {
 	// pipelining: queue depth 1). Default 300µs; never below
 	// InlineMaxLatency.
 	InlineIdleLatency time.Duration
+	// OnNoSpace, if set, is called for every request that completes with
+	// ENOSPC or EDQUOT from the backend (a thin volume's host filesystem
+	// is full), after NoSpaceErrors counts it.
+	// REQUIRES: it must not block or call back into the engine: it runs
+	// with the engine's lock held (record the fact, wake a goroutine).
+	OnNoSpace func()
 }
 
 func (c Config) withDefaults() Config {
@@ -1127,6 +1133,9 @@ func (e *Engine) completeLocked(head *item, now int64, done []*Request) []*Reque
 			e.st.errors++
 			if isNoSpace(it.err) {
 				e.st.noSpace++
+				if e.cfg.OnNoSpace != nil {
+					e.cfg.OnNoSpace()
+				}
 			}
 		}
 		for _, d := range it.dependents {

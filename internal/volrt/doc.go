@@ -48,6 +48,9 @@
 //     each reserving from the daemon-wide parent every front end shares.
 //   - RateLog (ratelog.go): at most one log line per interval for events a
 //     client can trigger at will.
+//   - NoSpace (nospace.go): a volume's ENOSPC record (count, last time)
+//     fed by its engine, for the daemon's WARN line, status and event;
+//     FreeSpace reads the free space of the filesystem under a volume.
 //
 // Layering: volrt imports the engine, backend, volume store and the export
 // seam (export.Device, which replication's driver wraps); it imports no

@@ -46,6 +46,9 @@ type Volume struct {
 	gone      atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
+
+	// noSpace receives the engine's ENOSPC reports (nospace.go).
+	noSpace atomic.Pointer[NoSpace]
 }
 
 // Open opens a volume's backend and starts its engine. maxPayload is the
@@ -72,6 +75,11 @@ func Open(store *volume.Store, m volume.Meta, ecfg ioengine.Config, maxPayload u
 // owns be from now on: Close closes it.
 func New(m volume.Meta, be backend.Backend, ecfg ioengine.Config, maxPayload uint32) *Volume {
 	v := &Volume{name: m.Name, meta: m, be: be, maxPayload: maxPayload}
+	if prev := ecfg.OnNoSpace; prev != nil {
+		ecfg.OnNoSpace = func() { v.noteNoSpace(); prev() }
+	} else {
+		ecfg.OnNoSpace = v.noteNoSpace
+	}
 	v.eng = ioengine.New(be, ecfg)
 	return v
 }

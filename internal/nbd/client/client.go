@@ -322,12 +322,27 @@ func (c *Conn) ranges(cmd proto.Cmd, flags proto.CmdFlag, off, length int64) err
 	return nil
 }
 
+// maxStatusLength caps the length of one BLOCK_STATUS request: 2^31 - 1
+// rounded down to the export's minimum block size, the cap QEMU's NBD
+// client uses. A request up to 2^32 - 1 is legal, but servers people run
+// mishandle lengths above 2^31 (nbdkit 1.32's memory plugin answers a
+// 0xFFFFFFFF request with a longer extent and aborts on its own
+// assertion), and the answer is only a hint anyway.
+func maxStatusLength(minBlock uint32) int64 {
+	a := int64(max(minBlock, 1))
+	return (1<<31 - 1) / a * a
+}
+
 // BlockStatus returns base:allocation extents starting at off, covering at
-// least part of [off, off+length) (servers may answer less; ask again from
-// the end of the last extent).
+// least part of [off, off+length) and never extending past it (servers may
+// answer less, so ask again from the end of the last extent; an extent a
+// server reports beyond the request is clipped). A request longer than
+// maxStatusLength is shortened to it; the range is also clipped to the
+// export size.
 func (c *Conn) BlockStatus(off, length int64) ([]Extent, error) {
-	if length > 1<<32-1 {
-		length = 1<<32 - 1
+	length = min(length, maxStatusLength(c.ex.MinBlock), c.ex.Size-off)
+	if length <= 0 {
+		return nil, fmt.Errorf("nbd: BLOCK_STATUS at %d beyond export size %d: %w", off, c.ex.Size, proto.EINVAL)
 	}
 	cl := c.calls.Get().(*call)
 	cl.Cmd, cl.Flags, cl.Offset, cl.Length, cl.Data, cl.Err, cl.Extents = proto.CmdBlockStatus, 0, off, uint32(length), nil, nil, nil

@@ -47,6 +47,24 @@ type Extent struct {
 	Zero   bool // NBD_STATE_ZERO: reads as zeroes
 }
 
+// appendExtents appends the extents of one BLOCK_STATUS chunk for a request
+// of [off, off+length), clipped to that range: the spec lets the last
+// extent run past the request, and some servers send longer ones still;
+// callers get only what they asked about. Descriptors after the end of the
+// request are dropped.
+func appendExtents(dst []Extent, off, length int64, ds []proto.BlockDescriptor) []Extent {
+	end := off + length
+	for _, d := range ds {
+		if off >= end {
+			break
+		}
+		n := min(int64(d.Length), end-off)
+		dst = append(dst, Extent{Offset: off, Length: n, Hole: d.Flags&proto.StateHole != 0, Zero: d.Flags&proto.StateZero != 0})
+		off += n
+	}
+	return dst
+}
+
 // ErrClosed is returned for requests on a closed or failed connection.
 var ErrClosed = errors.New("nbd: connection closed")
 
@@ -318,11 +336,7 @@ func (c *conn) chunk(br *bufio.Reader, h []byte) error {
 			return fmt.Errorf("%w: bad BLOCK_STATUS chunk", ErrProtocol)
 		}
 		if c.ex.HasAlloc && id == c.ex.AllocContext {
-			off := r.Offset
-			for _, d := range ds {
-				r.Extents = append(r.Extents, Extent{Offset: off, Length: int64(d.Length), Hole: d.Flags&proto.StateHole != 0, Zero: d.Flags&proto.StateZero != 0})
-				off += int64(d.Length)
-			}
+			r.Extents = appendExtents(r.Extents, r.Offset, int64(r.Length), ds)
 		}
 	default:
 		if ch.Type.IsError() {

@@ -48,6 +48,9 @@ const (
 	Client      = "client"      // id, front_end, volume, remote, since (destroy: duration)
 	Replication = "replication" // volume, role, disk, connection, peer_role, peer_disk
 	Resync      = "resync"      // volume, direction, left_bytes, percent
+	// Role: a replicated volume's role as front ends present it (role
+	// controller): volume, role, was, cause; op and by for a change.
+	Role = "role"
 )
 
 // Attr is one key:value of an event, kept in the publisher's order.

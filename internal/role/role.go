@@ -465,7 +465,8 @@ func (o *owner) stop(removed bool) {
 
 // run is the owner goroutine. Order of work: the actuator's role when
 // dirty (so a change starts from, and a new subscriber is told, the
-// newest), then a change, then new subscribers' current roles.
+// newest), then new subscribers' current roles (before any change they
+// could otherwise see half of), then a change.
 func (o *owner) run() {
 	defer close(o.done)
 	for {
@@ -482,15 +483,6 @@ func (o *owner) run() {
 				cause = CauseStart
 			}
 			o.publish(o.act.Role(), cause, Request{})
-		case o.change != nil && !o.started:
-			o.started = true
-			j := o.change
-			o.mu.Unlock()
-			j.role, j.err = o.do(j.req)
-			o.mu.Lock()
-			o.change, o.started = nil, false
-			o.mu.Unlock()
-			close(j.done)
 		case len(o.hellos) > 0:
 			h := o.hellos[0]
 			o.hellos = o.hellos[1:]
@@ -500,6 +492,15 @@ func (o *owner) run() {
 				h.fn(Event{Volume: o.name, Role: cur, Was: cur, Cause: CauseCurrent})
 			}
 			close(h.done)
+		case o.change != nil && !o.started:
+			o.started = true
+			j := o.change
+			o.mu.Unlock()
+			j.role, j.err = o.do(j.req)
+			o.mu.Lock()
+			o.change, o.started = nil, false
+			o.mu.Unlock()
+			close(j.done)
 		default: // stopping, nothing else to do
 			hellos := o.hellos
 			o.hellos = nil

@@ -26,7 +26,7 @@ import (
 // transitioning) by tag.
 func rtpgStates(ctx context.Context, s *initiator.Session) (map[uint16]byte, error) {
 	cdb := []byte{0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0}
-	for range 10 {
+	for range 64 { // unit attentions the changes left pending
 		buf := make([]byte, 4096)
 		r, err := s.Command(ctx, initiator.EncodeLUN(0), cdb, nil, buf)
 		if err != nil {

@@ -77,6 +77,9 @@ type Options struct {
 	Logger *slog.Logger
 	// ShutdownTimeout bounds the drain on shutdown (default 30s).
 	ShutdownTimeout time.Duration
+	// RoleDrainTimeout bounds a promote's or demote's wait for commands
+	// admitted under the old role (default role.DefaultDrainTimeout).
+	RoleDrainTimeout time.Duration
 	// Plugins are built (in order) once the volumes are open; `vmsan
 	// serve` passes replication's here (cmd/vmsan/plugins.go). A daemon
 	// built without them has none: there is no global registration.
@@ -340,7 +343,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	}
 	// The role controller exists before any plugin registers a volume
 	// with it, and its one subscriber (the front ends) before any role.
-	d.roleCtl = role.New(role.Options{Drain: d.DrainVolume, Log: log, Events: d.events})
+	d.roleCtl = role.New(role.Options{Drain: d.DrainVolume, DrainTimeout: opts.RoleDrainTimeout, Log: log, Events: d.events})
 	d.roleCtl.Subscribe(func(e role.Event) { d.setVolumeRole(e.Volume, e.Role) })
 	d.AddEventSource(d.roleCtl.ExistsEvents)
 	if err = d.startPlugins(); err != nil {

@@ -28,7 +28,8 @@ func init() {
 "exists -", then one line per change (create, change, destroy) as it
 happens, until interrupted. Objects: volume, client (a front-end
 connection), replication (role, disk and connection states), resync
-(progress). With --now, stop after the current state. A reader that falls
+(progress), role (the role front ends present: primary, secondary, or
+changing during a promote or demote, with who asked). With --now, stop after the current state. A reader that falls
 too far behind is dropped with a final "overflow" line.
 
   exists volume name:vm1 size:21474836480 cache:writeback read_only:false

@@ -213,7 +213,10 @@ func replOp(dataDir, volume, op string, asJSON bool) error {
 	}
 	defer c.Close()
 	var st driver.Status
-	if err := c.Do("POST", "/v1/repl/"+url.PathEscape(volume)+"/"+op, nil, &st); err != nil {
+	// by names this command in the daemon's log lines and events for a
+	// role change (the role controller records who asked).
+	by := url.QueryEscape(fmt.Sprintf("cli pid %d uid %d", os.Getpid(), os.Getuid()))
+	if err := c.Do("POST", "/v1/repl/"+url.PathEscape(volume)+"/"+op+"?by="+by, nil, &st); err != nil {
 		return err
 	}
 	if asJSON {

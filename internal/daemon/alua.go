@@ -4,42 +4,41 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/vmsan/vmsan/internal/role"
 )
 
 // VolumeRole is a volume's role in a replicated pair as front ends present
-// it to initiators (iSCSI: ALUA asymmetric access states). The daemon is
-// the glue between replication (a plugin, which sets roles) and the front
-// ends (which read them), so that neither imports the other.
-type VolumeRole uint8
+// it to initiators (iSCSI: ALUA asymmetric access states). The role
+// controller (internal/role, Daemon.Roles) owns it: replication registers
+// each replica there, promote and demote run there, and the daemon
+// subscribes the front ends, so that neither imports the other.
+type VolumeRole = role.Role
 
 const (
 	// RoleStandalone: not replicated (the default); served read-write on
 	// every path.
-	RoleStandalone VolumeRole = iota
+	RoleStandalone = role.Standalone
 	// RolePrimary: this node serves the volume; the peer's paths are
 	// standby.
-	RolePrimary
+	RolePrimary = role.Primary
 	// RoleSecondary: the peer serves it; this node's paths are standby.
-	RoleSecondary
+	RoleSecondary = role.Secondary
 	// RoleChanging: a promote or demote is in progress (ALUA
 	// transitioning: commands get NOT READY, 04/0A, and are retried).
-	RoleChanging
+	RoleChanging = role.Transitioning
 )
 
-func (r VolumeRole) String() string {
-	switch r {
-	case RolePrimary:
-		return "primary"
-	case RoleSecondary:
-		return "secondary"
-	case RoleChanging:
-		return "changing"
-	}
-	return "standalone"
-}
+// Roles is the role controller: the one owner of every replicated
+// volume's role. Replication registers its replicas there (Register,
+// Observe); the control API, the CLI through it, and later the cluster's
+// lease watcher change roles with Change; the front ends are subscribed in
+// New (setVolumeRole).
+func (d *Daemon) Roles() *role.Controller { return d.roleCtl }
 
 // roleObserver is implemented by front ends that present roles
-// (iscsiFrontEnd). volumeRoleChanged must not call SetVolumeRole.
+// (iscsiFrontEnd). volumeRoleChanged must not change roles
+// (role.Subscriber).
 type roleObserver interface {
 	volumeRoleChanged(name string, r VolumeRole)
 }
@@ -47,13 +46,15 @@ type roleObserver interface {
 // roleDrainer is implemented by front ends that can wait until the
 // commands they admitted under the previous role have completed
 // (iscsiFrontEnd: the per-volume logical unit's ALUA-checked commands).
+// The role controller calls it through DrainVolume.
 type roleDrainer interface {
 	drainVolume(name string, timeout time.Duration) error
 }
 
 // DrainVolume waits (bounded by timeout) until every command that front
-// ends admitted for the volume before SetVolumeRole(name, RoleChanging)
-// has completed. Replication calls it between that and a demote, so no
+// ends admitted for the volume before the role controller published
+// RoleChanging has completed. The controller calls it between that and a
+// promote or demote (role.Options.Drain), so no
 // write admitted as primary meets the read-only secondary (EROFS, which
 // an initiator would see as a target error instead of a path change).
 func (d *Daemon) DrainVolume(name string, timeout time.Duration) error {
@@ -75,12 +76,12 @@ type volumeRoles struct {
 	apply sync.Mutex
 }
 
-// SetVolumeRole records a replicated volume's role and tells the front
+// setVolumeRole records a replicated volume's role and tells the front
 // ends (iSCSI changes the volume's ALUA states and raises the unit
-// attention ASYMMETRIC ACCESS STATE CHANGED). Replication calls it when a
-// replica starts and whenever its role changes, and with RoleChanging
-// around promote and demote. Safe for concurrent use.
-func (d *Daemon) SetVolumeRole(name string, r VolumeRole) {
+// attention ASYMMETRIC ACCESS STATE CHANGED). It is the role controller's
+// subscriber (New): called on the volume's owner goroutine, in the order
+// the roles were published. Safe for concurrent use.
+func (d *Daemon) setVolumeRole(name string, r VolumeRole) {
 	d.roles.apply.Lock()
 	defer d.roles.apply.Unlock()
 	d.roles.mu.Lock()

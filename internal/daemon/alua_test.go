@@ -89,7 +89,7 @@ func drainUA(t *testing.T, tg *scsi.Target, n *scsi.Nexus) {
 
 // TestReplicatedPairALUA: a per-volume target of a replicated volume lists
 // this node's groups and the peer's (iscsi.peer_portals), and the role set
-// through Daemon.SetVolumeRole decides their states: primary active/
+// through Daemon.setVolumeRole (the role controller's subscriber) decides their states: primary active/
 // optimized with the peer standby, secondary the reverse (I/O: NOT READY
 // 04/0B), changing transitioning (04/0A), each change a unit attention
 // 2A/06. scsi_id makes the NAA designator the configured one.
@@ -146,7 +146,7 @@ func TestReplicatedPairALUA(t *testing.T) {
 		{RoleSecondary, "state=2", "state=0", [2]uint8{0x04, 0x0B}},
 	}
 	for _, s := range steps {
-		r.d.SetVolumeRole(config.DefaultVolumeName, s.role)
+		r.d.setVolumeRole(config.DefaultVolumeName, s.role)
 		ua := execSCSI(tg, n, make([]byte, 6), 0)
 		if ua.status != 2 || ua.key != 6 || ua.asc != 0x2A || ua.ascq != 0x06 {
 			t.Fatalf("%v: first command got status %d sense %x/%x/%x, want UNIT ATTENTION 2A/06", s.role, ua.status, ua.key, ua.asc, ua.ascq)

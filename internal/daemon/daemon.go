@@ -13,9 +13,10 @@
 //
 // Plugins (replication) and volume hooks are passed in Options; there is
 // no global registration, so a daemon built in a test has exactly what the
-// test passes. A plugin tells the front ends a replicated volume's role
-// with SetVolumeRole (alua.go; the iSCSI front end maps it to ALUA port
-// group states), so front ends and plugins never import each other.
+// test passes. A plugin registers a replicated volume with the role
+// controller (Roles, internal/role), which owns its role and tells the
+// front ends (alua.go; the iSCSI front end maps it to ALUA port group
+// states), so front ends and plugins never import each other.
 //
 // New binds every listener before returning, so tests can pass "127.0.0.1:0"
 // and read the real address from NBDAddrs.
@@ -59,6 +60,7 @@ import (
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/netutil"
+	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -75,6 +77,9 @@ type Options struct {
 	Logger *slog.Logger
 	// ShutdownTimeout bounds the drain on shutdown (default 30s).
 	ShutdownTimeout time.Duration
+	// RoleDrainTimeout bounds a promote's or demote's wait for commands
+	// admitted under the old role (default role.DefaultDrainTimeout).
+	RoleDrainTimeout time.Duration
 	// Plugins are built (in order) once the volumes are open; `vmsan
 	// serve` passes replication's here (cmd/vmsan/plugins.go). A daemon
 	// built without them has none: there is no global registration.
@@ -162,8 +167,10 @@ type Daemon struct {
 	// replMetrics is set by the replication plugin (SetReplicaMetrics).
 	replMetrics atomic.Pointer[replMetricsFn]
 
-	// roles are replicated volumes' roles (SetVolumeRole, alua.go).
-	roles volumeRoles
+	// roles are replicated volumes' roles as the front ends were told
+	// them (setVolumeRole, alua.go); roleCtl owns them (Roles).
+	roles   volumeRoles
+	roleCtl *role.Controller
 
 	// noSpace holds the volumes' ENOSPC records (nospace.go).
 	noSpace noSpaceWatch
@@ -338,6 +345,11 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	if err = d.openAll(); err != nil {
 		return nil, err
 	}
+	// The role controller exists before any plugin registers a volume
+	// with it, and its one subscriber (the front ends) before any role.
+	d.roleCtl = role.New(role.Options{Drain: d.DrainVolume, DrainTimeout: opts.RoleDrainTimeout, Log: log, Events: d.events})
+	d.roleCtl.Subscribe(func(e role.Event) { d.setVolumeRole(e.Volume, e.Role) })
+	d.AddEventSource(d.roleCtl.ExistsEvents)
 	if err = d.startPlugins(); err != nil {
 		return nil, err
 	}
@@ -768,6 +780,10 @@ func (d *Daemon) closeAll() error {
 	var errs []error
 	if err := d.stopPlugins(); err != nil {
 		errs = append(errs, err)
+	}
+	if d.roleCtl != nil {
+		// After the plugins: a change still running finishes first.
+		d.roleCtl.Close()
 	}
 	for _, fe := range d.frontEnds {
 		fe.Close()

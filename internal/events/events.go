@@ -54,6 +54,9 @@ const (
 	// Copy: progress of a full copy (snapshot, clone, rollback --copy),
 	// every 0.5 s and at the end.
 	Copy = "copy" // volume, target, done_bytes, total_bytes, percent
+	// Role: a replicated volume's role as front ends present it (role
+	// controller): volume, role, was, cause; op and by for a change.
+	Role = "role"
 )
 
 // Attr is one key:value of an event, kept in the publisher's order.

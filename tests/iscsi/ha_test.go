@@ -361,7 +361,8 @@ iscsi:
 	})
 	done := time.Now()
 	// The promote went through ALUA transitioning to active/optimized
-	// (replication -> Daemon.SetVolumeRole -> the iSCSI front end).
+	// (the role controller -> the daemon's front-end roles -> the iSCSI
+	// front end).
 	log := b.p.logTail()
 	ch, pr := strings.Index(log, "role=changing was=secondary"), strings.Index(log, "role=primary was=changing")
 	if ch < 0 || pr < ch {

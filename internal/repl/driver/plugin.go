@@ -11,7 +11,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
@@ -19,6 +18,7 @@ import (
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -99,9 +99,8 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		if err != nil {
 			return fmt.Errorf("replication of %s: volume: %w", name, err)
 		}
-		vol := name
 		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: d.Events(),
-			OnRole: func(ro repl.Role) { d.SetVolumeRole(vol, frontRole(ro)) }})
+			OnRole: p.onRole(name)})
 		if err != nil {
 			dev.Release()
 			return err
@@ -111,8 +110,13 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 		p.devByName[name] = dev
 		p.mu.Unlock()
 		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
-		// The role the replica starts in (later changes come via OnRole).
-		d.SetVolumeRole(name, frontRole(r.role()))
+		// The role controller owns the volume's role from now on: it
+		// publishes the role the replica starts in, runs promote and
+		// demote, and re-reads the role when the replica reports a change
+		// (onRole).
+		if err := d.Roles().Register(name, replicaRole{r}); err != nil {
+			return fmt.Errorf("replication of %s: %w", name, err)
+		}
 	}
 	d.AddStatus("replication", func() any { return p.Statuses() })
 	d.SetReplicaMetrics(p.Metrics)
@@ -164,9 +168,37 @@ func (p *Plugin) replica(name string) *Replica {
 	return p.replicas[name]
 }
 
-// drainTimeout bounds how long promote and demote wait for front-end
-// commands admitted under the old role (Daemon.DrainVolume).
-const drainTimeout = 10 * time.Second
+// onRole is a replica's OnRole: it runs on the replica's loop, which a
+// running role change may be waiting for, so it only tells the role
+// controller to re-read the role (role.Controller.Observe never blocks).
+func (p *Plugin) onRole(name string) func(repl.Role) {
+	return func(repl.Role) { p.d.Roles().Observe(name) }
+}
+
+// replicaRole is a replica as the role controller's actuator.
+type replicaRole struct{ r *Replica }
+
+func (a replicaRole) Role() role.Role          { return frontRole(a.r.role()) }
+func (a replicaRole) Promote(force bool) error { return a.r.Promote(force) }
+func (a replicaRole) Demote(force bool) error  { return a.r.Demote(force) }
+
+// requestedBy names the caller of a role change for the controller's log
+// lines and events: the CLI passes "cli pid N" in ?by=.
+func requestedBy(req *http.Request) string {
+	by := req.URL.Query().Get("by")
+	if by == "" {
+		return "control API"
+	}
+	if len(by) > 64 {
+		by = by[:64]
+	}
+	return strings.Map(func(c rune) rune {
+		if c < ' ' || c == 0x7f {
+			return '?'
+		}
+		return c
+	}, by)
+}
 
 func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	r := p.replica(req.PathValue("volume"))
@@ -176,36 +208,26 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	}
 	var err error
 	op := req.PathValue("op")
-	if strings.HasPrefix(op, "promote") || strings.HasPrefix(op, "demote") {
-		// Front ends show the change as it happens (iSCSI: ALUA
-		// transitioning, so initiators retry instead of failing I/O), then
-		// the role it ended in (also when the operation failed).
-		p.d.SetVolumeRole(r.name, daemon.RoleChanging)
-		defer func() { p.d.SetVolumeRole(r.name, frontRole(r.role())) }()
-		// Commands that passed the ALUA check before "changing" may still
-		// be running: let them finish as the old role, else a write
-		// admitted on a primary meets the demoted (read-only) device and
-		// the initiator sees DATA PROTECT, not a path change.
-		// A forced operation goes ahead after the wait (the operator
-		// accepted that clients may see errors); the others are refused.
-		if err := p.d.DrainVolume(r.name, drainTimeout); err != nil {
-			if !strings.HasSuffix(op, "-force") {
-				writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict",
-					Message: fmt.Sprintf("%s refused, role unchanged: %v", op, err)})
-				return
-			}
-			p.log.Warn("forced role change with commands still running", "volume", r.name, "op", op, "err", err)
+	if base, force := strings.CutSuffix(op, "-force"); base == "promote" || base == "demote" {
+		// The role controller runs the change on the volume's one owner
+		// goroutine: front ends shown transitioning, the drain, the
+		// replica's promote or demote, the role it ended in.
+		rq := role.Request{Volume: r.name, Op: role.Promote, Force: force, By: requestedBy(req)}
+		if base == "demote" {
+			rq.Op = role.Demote
 		}
+		if _, err := p.d.Roles().Change(req.Context(), rq); err != nil {
+			code := "conflict"
+			if errors.Is(err, role.ErrInProgress) {
+				code = "busy"
+			}
+			writeJSON(w, http.StatusConflict, daemon.APIError{Code: code, Message: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, r.Status())
+		return
 	}
 	switch op {
-	case "promote":
-		err = r.Promote(false)
-	case "promote-force":
-		err = r.Promote(true)
-	case "demote":
-		err = r.Demote(false)
-	case "demote-force":
-		err = r.Demote(true)
 	case "verify":
 		err = r.Verify()
 	case "connect":
@@ -311,6 +333,9 @@ func (p *Plugin) VolumeDeleted(name string) {
 	if r == nil {
 		return
 	}
+	// Not replicated any more: the front ends go back to standalone (a
+	// volume created again under the name must not inherit the role).
+	p.d.Roles().Unregister(name)
 	if err := r.Close(); err != nil {
 		p.log.Warn("replication of a deleted volume stopped with an error", "volume", name, "err", err)
 	}

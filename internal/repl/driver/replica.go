@@ -67,9 +67,9 @@ type Options struct {
 	// (`vmsan events`; the daemon's bus).
 	Events *events.Bus
 	// OnRole, if set, is called (from the replica's loop: it must not
-	// call back into the Replica) whenever this node's role changes; the
-	// plugin passes it to the daemon (Daemon.SetVolumeRole) for the front
-	// ends' ALUA states.
+	// call back into the Replica, nor block) whenever this node's role
+	// changes; the plugin tells the role controller (role.Controller.
+	// Observe), which publishes the role to the front ends.
 	OnRole func(repl.Role)
 }
 

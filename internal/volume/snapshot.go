@@ -423,7 +423,11 @@ func (s *Store) deleteSnapshot(vol, snap string) error {
 		return fmt.Errorf("snapshot %s%s%s: %w", vol, SnapSep, snap, err)
 	}
 	d := filepath.Join(s.dir, SnapshotsDir, vol)
-	atomicfile.SyncDirFS(s.fs, d)
+	// The removal must be durable before success is reported: a crash
+	// must not bring back a snapshot the user was told is gone.
+	if err := atomicfile.SyncDirFS(s.fs, d); err != nil {
+		return fmt.Errorf("snapshot %s%s%s: %w", vol, SnapSep, snap, err)
+	}
 	s.fs.Remove(s.SnapshotPath(vol, snap))
 	s.fs.Remove(d) // only if empty
 	return nil

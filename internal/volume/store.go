@@ -854,6 +854,11 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	}
 	if err == nil && !handled {
 		err = vfs.TruncateSync(s.fs, s.RawPath(name), size)
+	} else if err == nil {
+		// The new size must be durable before the mark is cleared: a
+		// crash that kept the cleared mark but lost the size change
+		// would leave a file of a size no vmsan operation gives it.
+		err = s.syncFile(s.RawPath(name))
 	}
 	if err != nil {
 		// Put the old size back so metadata and file agree again.
@@ -865,6 +870,20 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	// Open clears it (size == Size): the resize did happen.
 	s.writeMeta(m)
 	return m, nil
+}
+
+// syncFile fsyncs the file p (an fsync through any descriptor makes the
+// inode's size durable, whoever changed it).
+func (s *Store) syncFile(p string) error {
+	f, err := vfs.Open(s.fs, p)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Update changes mutable metadata fields (cache mode, rotational, read-only,

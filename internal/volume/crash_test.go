@@ -138,7 +138,7 @@ type crashCase struct {
 	// redoPrep: a repeat of the operation after a crash needs prep again
 	// (an import's temporary file is removed by the next start).
 	redoPrep bool
-	op   func(s *Store) error
+	op       func(s *Store) error
 }
 
 func importFile(t *testing.T, s *Store) string {

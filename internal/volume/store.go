@@ -197,8 +197,8 @@ type Hooks struct {
 
 // Store is an open data directory.
 type Store struct {
-	dir     string
-	vdir    string
+	dir  string
+	vdir string
 	// fs is the filesystem seam every file operation of the store goes
 	// through (vfs.OS in production, a vfs.MemFS in crash tests).
 	fs      vfs.FS

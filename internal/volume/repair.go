@@ -3,9 +3,10 @@ package volume
 import (
 	"errors"
 	"fmt"
-	"github.com/vmsan/vmsan/internal/vfs"
 	"io/fs"
 	"os"
+
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // RepairMode says how Repair makes a damaged volume servable again. Every

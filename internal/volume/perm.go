@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // tightenAll makes what Open finds in the data directory owner-only (see
@@ -30,7 +32,7 @@ func (s *Store) tightenAll() {
 		s.tighten(filepath.Join(s.dir, LockFileName), st)
 	}
 	for _, sub := range []string{VolumesDir, "repl", SnapshotsDir} {
-		filepath.WalkDir(filepath.Join(s.dir, sub), func(p string, d fs.DirEntry, err error) error {
+		vfs.WalkDir(s.fs, filepath.Join(s.dir, sub), func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return nil
 			}

@@ -151,16 +151,13 @@ func reflinkUnsupported(err error) bool {
 // copyData makes dst (empty, or to be overwritten) hold src's size bytes:
 // by reflink, or (o.Copy) by a sparse copy. It returns the method used.
 // dst's old blocks are dropped first in the copy case.
-func copyData(dst, src vfs.File, size int64, o CloneOptions) (string, error) {
+func copyData(dst vfs.File, src *fileImage, size int64, o CloneOptions) (string, error) {
 	// Reflink needs two real files; a file of another FS (crash tests)
 	// takes the full copy like a filesystem without reflink.
 	err := error(unix.EOPNOTSUPP)
 	od, ok1 := vfs.OSFile(dst)
-	os_, ok2 := vfs.OSFile(src)
-	var data sparse.DataFunc
-	if ok1 && ok2 {
+	if os_ := src.osFile(); ok1 && os_ != nil {
 		err = unix.IoctlFileClone(int(od.Fd()), int(os_.Fd()))
-		data = sparse.FileData(os_)
 	}
 	if err == nil {
 		return MethodReflink, dst.Sync()
@@ -178,7 +175,7 @@ func copyData(dst, src vfs.File, size int64, o CloneOptions) (string, error) {
 	if err := dst.Truncate(size); err != nil {
 		return "", sizeErr(err, size)
 	}
-	if err := sparse.Copy(context.Background(), dst, src, size, sparse.Options{Data: data, Progress: o.Progress}); err != nil {
+	if err := sparse.Copy(context.Background(), dst, src, size, sparse.Options{Data: src.Data, Progress: o.Progress}); err != nil {
 		return "", err
 	}
 	return MethodCopy, dst.Sync()
@@ -194,15 +191,13 @@ func (s *Store) tempRaw() (vfs.File, error) {
 // cloneToTemp copies srcPath (size bytes) into a new temporary file and
 // returns it (the caller renames or removes it) with the method used.
 func (s *Store) cloneToTemp(srcPath string, size int64, o CloneOptions) (vfs.File, string, error) {
-	src, err := vfs.Open(s.fs, srcPath)
+	src, err := openFileImage(s.fs, srcPath)
 	if err != nil {
 		return nil, "", err
 	}
 	defer src.Close()
-	if st, err := src.Stat(); err != nil {
-		return nil, "", err
-	} else if st.Size() != size {
-		return nil, "", fmt.Errorf("%w: %s is %d bytes, the metadata says %d", ErrDamaged, srcPath, st.Size(), size)
+	if src.Size() != size {
+		return nil, "", fmt.Errorf("%w: %s is %d bytes, the metadata says %d", ErrDamaged, srcPath, src.Size(), size)
 	}
 	tmp, err := s.tempRaw()
 	if err != nil {
@@ -587,7 +582,7 @@ func (s *Store) finishRollback(m Meta, progress func(int64)) (Meta, error) {
 	if err != nil {
 		return Meta{}, err
 	}
-	src, err := vfs.Open(s.fs, s.SnapshotPath(m.Name, sm.Snapshot))
+	src, err := openFileImage(s.fs, s.SnapshotPath(m.Name, sm.Snapshot))
 	if err != nil {
 		return Meta{}, err
 	}

@@ -407,6 +407,7 @@ func TestCrashDuringRecovery(t *testing.T) {
 func TestInjectedErrorsLeaveOldOrNew(t *testing.T) {
 	kinds := []vfs.OpKind{vfs.OpCreate, vfs.OpWrite, vfs.OpSync, vfs.OpTruncate, vfs.OpRename, vfs.OpRemove, vfs.OpRemoveAll, vfs.OpSyncDir, vfs.OpMkdir}
 	for _, c := range crashCases {
+		after := expectedAfter(t, c)
 		for _, kind := range kinds {
 			for n := 1; n <= 8; n++ {
 				mem := vfs.NewMem()
@@ -430,7 +431,6 @@ func TestInjectedErrorsLeaveOldOrNew(t *testing.T) {
 					c.prep(t, s)
 				}
 				before := storeSig(t, s)
-				after := expectedAfter(t, c)
 				mu.Lock()
 				armed = true
 				mu.Unlock()

@@ -45,6 +45,11 @@
 // operator runs `vmsan volume repair` (Repair), which always gives the
 // volume a new data identity (identity.go) so a replica resyncs in full.
 //
+// File I/O: every file operation goes through a vfs.FS (OpenFS; Open uses
+// the real filesystem), so crash tests run the store on a vfs.MemFS and
+// reopen it from what a crash at any point leaves (crash_test.go). Data
+// readers other than the I/O engine read an Image (image.go).
+//
 // Concurrency: all methods are safe for concurrent use; they are serialised
 // by one mutex. Only one process can open a data directory at a time
 // (ErrLocked otherwise). Coordination with exports is through Hooks: the
@@ -377,10 +382,6 @@ func (s *Store) reconcileOne(m Meta) {
 			// Interrupted grow: extending adds zeroes, loses nothing.
 			if err := vfs.TruncateSync(s.fs, p, m.Size); err != nil {
 				return
-			}
-			if f, err := vfs.Open(s.fs, p); err == nil {
-				f.Sync()
-				f.Close()
 			}
 			s.notice(m.Name, false, "completed a grow interrupted by a crash: %s extended from %d to %d bytes", p, m.ResizeFrom, m.Size)
 		case st.Size() == m.ResizeFrom && m.Size < m.ResizeFrom:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/nbd/client"
 	"github.com/vmsan/vmsan/internal/sparse"
+	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // Incremental export (`vmsan volume export ... --since SNAP --backing
@@ -131,24 +132,24 @@ type diffTarget interface {
 // since: same physical addresses, sparse.SameBlocks) are equal without
 // being read.
 func writeDiff(ctx context.Context, t diffTarget, src, base string, size int64, progress func(int64)) (written, read int64, err error) {
-	sf, err := os.Open(src)
+	sf, err := volume.OpenImageFile(src)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer sf.Close()
-	bf, err := os.Open(base)
+	bf, err := volume.OpenImageFile(base)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer bf.Close()
 	// No extent map (no FIEMAP, too fragmented): nil lists, nothing
 	// counts as shared, everything with data is read.
-	sext, _ := sparse.Extents(sf)
-	bext, _ := sparse.Extents(bf)
-	sdata, bdata := sparse.FileData(sf), sparse.FileData(bf)
+	sext, _ := sf.Extents()
+	bext, _ := bf.Extents()
+	sdata, bdata := sf.Data, bf.Data
 	const chunk = 1 << 20
 	sb, bb := make([]byte, chunk), make([]byte, chunk)
-	readAt := func(f *os.File, b []byte, off int64) error {
+	readAt := func(f volume.Image, b []byte, off int64) error {
 		n, err := f.ReadAt(b, off)
 		if err != nil && !errors.Is(err, io.EOF) {
 			return err
@@ -191,7 +192,7 @@ func writeDiff(ctx context.Context, t diffTarget, src, base string, size int64, 
 			break
 		}
 		n := int(min(int64(chunk), size-d))
-		if sparse.SameBlocks(sext, bext, d, int64(n)) {
+		if volume.SameBlocks(sext, bext, d, int64(n)) {
 			off = d + int64(n)
 			progress(off)
 			continue

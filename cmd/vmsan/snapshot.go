@@ -627,7 +627,7 @@ func exportFile(ctx context.Context, src string, size int64, dst, format string,
 		}
 		return nil
 	}
-	in, err := os.Open(src)
+	in, err := volume.OpenImageFile(src)
 	if err != nil {
 		return err
 	}
@@ -645,7 +645,7 @@ func exportFile(ctx context.Context, src string, size int64, dst, format string,
 		return err
 	}
 	set, done := progress("export", size, quiet)
-	err = sparse.Copy(ctx, out, in, size, sparse.Options{Data: sparse.FileData(in), Progress: set})
+	err = sparse.Copy(ctx, out, in, size, sparse.Options{Data: in.Data, Progress: set})
 	done()
 	if err != nil {
 		os.Remove(dst)

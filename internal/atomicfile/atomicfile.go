@@ -13,6 +13,10 @@
 // Leftover temporary files (from a crash between create and rename) are named
 // with TempPrefix and are safe to ignore or delete; IsTemp recognises them.
 //
+// Every function has an FS variant (WriteFileFS, ...) doing the same
+// through the filesystem seam (package vfs), for crash tests; the plain
+// ones use the real filesystem.
+//
 // Concurrency: concurrent WriteFile calls on the same path are safe in the
 // sense that each produces a complete file and the last rename wins; callers
 // that need "read-modify-write" ordering must serialise themselves.
@@ -23,6 +27,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // TempPrefix starts the name of every temporary file WriteFile creates.
@@ -38,12 +44,19 @@ func IsTemp(name string) bool { return strings.HasPrefix(name, TempPrefix) }
 // entry pointing at them are on stable storage; when it returns an error, path
 // holds either its old contents or (if the error came from the final
 // directory sync) possibly the new ones, but never a partial file.
-func WriteFile(path string, data []byte, perm os.FileMode) (err error) {
+func WriteFile(path string, data []byte, perm os.FileMode) error {
+	return WriteFileFS(vfs.OS, path, data, perm)
+}
+
+// WriteFileFS is WriteFile on fsys. Its crash points, in order: create
+// the temporary, chmod, write, fsync, rename, fsync the directory; a crash
+// before the last leaves the old contents (and possibly a temporary).
+func WriteFileFS(fsys vfs.FS, path string, data []byte, perm os.FileMode) (err error) {
 	dir, base := filepath.Split(path)
 	if dir == "" {
 		dir = "."
 	}
-	f, err := os.CreateTemp(dir, TempPrefix+base+"-*")
+	f, err := vfs.CreateTemp(fsys, dir, TempPrefix+base+"-*")
 	if err != nil {
 		return fmt.Errorf("atomicfile: %w", err)
 	}
@@ -51,7 +64,7 @@ func WriteFile(path string, data []byte, perm os.FileMode) (err error) {
 	defer func() {
 		if err != nil {
 			f.Close()
-			os.Remove(tmp)
+			fsys.Remove(tmp)
 		}
 	}()
 	if err = f.Chmod(perm); err != nil {
@@ -69,21 +82,19 @@ func WriteFile(path string, data []byte, perm os.FileMode) (err error) {
 	if err = f.Close(); err != nil {
 		return fmt.Errorf("atomicfile: close %s: %w", tmp, err)
 	}
-	if err = os.Rename(tmp, path); err != nil {
+	if err = fsys.Rename(tmp, path); err != nil {
 		return fmt.Errorf("atomicfile: %w", err)
 	}
-	return SyncDir(dir)
+	return SyncDirFS(fsys, dir)
 }
 
 // SyncDir fsyncs a directory so that entries created, renamed or removed in
 // it are durable.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("atomicfile: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+func SyncDir(dir string) error { return SyncDirFS(vfs.OS, dir) }
+
+// SyncDirFS is SyncDir on fsys.
+func SyncDirFS(fsys vfs.FS, dir string) error {
+	if err := fsys.SyncDir(dir); err != nil {
 		return fmt.Errorf("atomicfile: fsync dir %s: %w", dir, err)
 	}
 	return nil
@@ -92,18 +103,25 @@ func SyncDir(dir string) error {
 // RemoveTemps deletes leftover temporaries in dir and returns how many it
 // removed. Call it only when no WriteFile can be running in dir (for example
 // while holding the data directory lock at start-up).
-func RemoveTemps(dir string) (int, error) {
-	ents, err := os.ReadDir(dir)
+func RemoveTemps(dir string) (int, error) { return RemoveTempsFS(vfs.OS, dir) }
+
+// RemoveTempsFS is RemoveTemps on fsys. The removals are made durable
+// (one directory sync), so a crash right after cannot bring them back.
+func RemoveTempsFS(fsys vfs.FS, dir string) (int, error) {
+	ents, err := fsys.ReadDir(dir)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for _, e := range ents {
 		if IsTemp(e.Name()) {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err == nil {
+			if err := fsys.Remove(filepath.Join(dir, e.Name())); err == nil {
 				n++
 			}
 		}
+	}
+	if n > 0 {
+		fsys.SyncDir(dir)
 	}
 	return n, nil
 }

@@ -109,7 +109,7 @@ func (e *env) loadVolumes() {
 		if m.Name == "" {
 			m.Name = base
 		}
-		v := vol{meta: m, raw: filepath.Join(e.dir, volume.VolumesDir, base+".raw")}
+		v := vol{meta: m, raw: volume.RawFile(e.dir, base)}
 		if e.h.Stat == nil {
 			v.stErr = errNotAvailable
 		} else {

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/vmsan/vmsan/internal/atomicfile"
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // Persistent reservations (SPC-4 5.13) and RESERVE/RELEASE (SPC-2).
@@ -610,11 +611,18 @@ func (l *lu) savePR(p *prState) error {
 	if err != nil {
 		return err
 	}
+	fsys := l.fsys()
 	if !p.aptpl {
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		err := fsys.Remove(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
 			return err
 		}
-		return nil
+		// Durably: a crash must not bring back reservations the
+		// initiator was told no longer persist.
+		return fsys.SyncDir(filepath.Dir(path))
 	}
 	j := prJSON{Generation: p.gen, Held: p.held, Type: p.typ, Registrations: []prRegJSON{}}
 	for _, r := range p.regs {
@@ -627,10 +635,17 @@ func (l *lu) savePR(p *prState) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := vfs.MkdirAllSync(fsys, filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(path, append(b, '\n'), 0o644)
+	return atomicfile.WriteFileFS(fsys, path, append(b, '\n'), 0o644)
+}
+
+func (l *lu) fsys() vfs.FS {
+	if l.t.cfg.FS != nil {
+		return l.t.cfg.FS
+	}
+	return vfs.OS
 }
 
 // loadPR restores persisted (APTPL) reservations when the logical unit is
@@ -644,7 +659,7 @@ func (l *lu) loadPR() {
 	if err != nil {
 		return
 	}
-	b, err := os.ReadFile(path)
+	b, err := vfs.ReadFile(l.fsys(), path)
 	if err != nil {
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/vfs"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -75,6 +76,9 @@ type Config struct {
 	// state: reservations with APTPL are written there. nil: APTPL is
 	// refused (REPORT CAPABILITIES says PTPL_C=0).
 	StateDir func(volume string) (string, error)
+	// FS is the filesystem the APTPL state goes through (nil: the real
+	// one; a vfs.MemFS in crash tests).
+	FS vfs.FS
 	// Identity in standard INQUIRY data (defaults DefaultVendor...).
 	Vendor, Product, Revision string
 	// Ports lists the transport's target ports and their groups, so that

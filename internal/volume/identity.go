@@ -2,12 +2,13 @@ package volume
 
 import (
 	"errors"
-	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/google/uuid"
+
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // Data identity.
@@ -68,7 +69,17 @@ type FileID struct {
 var fsIocGetVersion = uint(2<<30 | uint(unsafe.Sizeof(uintptr(0)))<<16 | 'v'<<8 | 1)
 
 // fingerprint reads f's inode identity (not the xattr flag).
-func fingerprint(f *os.File) (FileID, error) {
+func fingerprint(vf vfs.File) (FileID, error) {
+	f, ok := vfs.OSFile(vf)
+	if !ok {
+		// A file of another FS (crash tests): its inode number, unique
+		// for the life of that FS, is all there is.
+		ino, ok := vfs.InoOf(vf)
+		if !ok {
+			return FileID{}, errors.New("volume: file has no inode identity")
+		}
+		return FileID{Ino: ino}, nil
+	}
 	fd := int(f.Fd())
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -87,7 +98,11 @@ func fingerprint(f *os.File) (FileID, error) {
 
 // readDataXattr returns the user.vmsan.id attribute; ok=false with a nil
 // error means the filesystem does not support user xattrs.
-func readDataXattr(f *os.File) (val string, supported bool, err error) {
+func readDataXattr(vf vfs.File) (val string, supported bool, err error) {
+	f, ok := vfs.OSFile(vf)
+	if !ok {
+		return "", false, nil // no xattrs on other filesystems
+	}
 	buf := make([]byte, 128)
 	n, err := unix.Fgetxattr(int(f.Fd()), dataIDXattr, buf)
 	switch {
@@ -105,7 +120,7 @@ func readDataXattr(f *os.File) (val string, supported bool, err error) {
 
 // identityMatches reports whether f is the file m's identity describes.
 // REQUIRES: m.DataID != "".
-func identityMatches(f *os.File, m Meta) (bool, string, error) {
+func identityMatches(f vfs.File, m Meta) (bool, string, error) {
 	cur, err := fingerprint(f)
 	if err != nil {
 		return false, "", err
@@ -135,7 +150,7 @@ func identityMatches(f *os.File, m Meta) (bool, string, error) {
 // the caller writes the metadata. A crash in between leaves an xattr the
 // metadata does not name, which the next Open treats as a mismatch and
 // re-identifies again: it converges, erring on the side of "changed".
-func newIdentity(f *os.File, m *Meta) error {
+func newIdentity(f vfs.File, m *Meta) error {
 	id := uuid.NewString()
 	fid, err := fingerprint(f)
 	if err != nil {
@@ -144,8 +159,10 @@ func newIdentity(f *os.File, m *Meta) error {
 	// Any failure to set the attribute (unsupported, or refused, e.g. a
 	// filesystem mounted without user_xattr) leaves the inode fingerprint
 	// alone to identify the file.
-	if err := unix.Fsetxattr(int(f.Fd()), dataIDXattr, []byte(id), 0); err == nil {
-		fid.Xattr = true
+	if of, ok := vfs.OSFile(f); ok {
+		if err := unix.Fsetxattr(int(of.Fd()), dataIDXattr, []byte(id), 0); err == nil {
+			fid.Xattr = true
+		}
 	}
 	if fid.Xattr {
 		// The attribute must be durable before the metadata names it.

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // tightenAll makes what Open finds in the data directory owner-only (see
@@ -15,7 +17,7 @@ func (s *Store) tightenAll() {
 	// The data directory itself: only when it is ours and not a shared
 	// sticky directory (someone running with --data-dir /tmp must not make
 	// /tmp private); volumes/ below it is private either way.
-	if st, err := os.Lstat(s.dir); err == nil && st.IsDir() {
+	if st, err := s.fs.Lstat(s.dir); err == nil && st.IsDir() {
 		sys, _ := st.Sys().(*syscall.Stat_t)
 		switch {
 		case st.Mode()&os.ModeSticky != 0 || (sys != nil && int(sys.Uid) != os.Geteuid()):
@@ -26,15 +28,15 @@ func (s *Store) tightenAll() {
 			s.tighten(s.dir, st)
 		}
 	}
-	if st, err := os.Lstat(filepath.Join(s.dir, LockFileName)); err == nil {
+	if st, err := s.fs.Lstat(filepath.Join(s.dir, LockFileName)); err == nil {
 		s.tighten(filepath.Join(s.dir, LockFileName), st)
 	}
 	for _, sub := range []string{VolumesDir, "repl", SnapshotsDir} {
-		filepath.WalkDir(filepath.Join(s.dir, sub), func(p string, d fs.DirEntry, err error) error {
+		vfs.WalkDir(s.fs, filepath.Join(s.dir, sub), func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return nil
 			}
-			if st, err := os.Lstat(p); err == nil {
+			if st, err := s.fs.Lstat(p); err == nil {
 				s.tighten(p, st)
 			}
 			return nil
@@ -57,7 +59,7 @@ func (s *Store) tighten(p string, st fs.FileInfo) {
 	if perm&0o077 == 0 {
 		return
 	}
-	if err := os.Chmod(p, want); err != nil {
+	if err := s.fs.Chmod(p, want); err != nil {
 		s.notice("", true, "cannot tighten permissions of %s (%v): %v", p, perm, err)
 		return
 	}

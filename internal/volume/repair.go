@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // RepairMode says how Repair makes a damaged volume servable again. Every
@@ -49,7 +51,7 @@ func (s *Store) Repair(name string, mode RepairMode) (Meta, error) {
 		return Meta{}, fmt.Errorf("volume %s: %w", name, ErrInUse)
 	}
 	p := s.RawPath(name)
-	st, err := os.Lstat(p)
+	st, err := s.fs.Lstat(p)
 	missing := errors.Is(err, fs.ErrNotExist)
 	if err != nil && !missing {
 		return Meta{}, fmt.Errorf("volume %s: %w", name, err)
@@ -60,13 +62,13 @@ func (s *Store) Repair(name string, mode RepairMode) (Meta, error) {
 	if missing && mode != RepairRecreate {
 		return Meta{}, fmt.Errorf("volume %s: %s is missing; only --recreate can repair that: %w", name, p, ErrInvalid)
 	}
-	var f *os.File
+	var f vfs.File
 	switch mode {
 	case RepairRecreate:
 		if !missing {
 			return Meta{}, fmt.Errorf("volume %s: %s exists; --recreate only replaces a missing file (see --use-file-size, --use-metadata-size): %w", name, p, ErrInvalid)
 		}
-		if f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode); err == nil {
+		if f, err = s.fs.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode); err == nil {
 			err = f.Truncate(m.Size)
 		}
 	case RepairUseFileSize:
@@ -74,16 +76,16 @@ func (s *Store) Repair(name string, mode RepairMode) (Meta, error) {
 			return Meta{}, fmt.Errorf("volume %s: the file's size cannot be the volume's (use --use-metadata-size): %w", name, err)
 		}
 		m.Size = st.Size()
-		f, err = os.OpenFile(p, os.O_RDWR, 0)
+		f, err = s.fs.OpenFile(p, os.O_RDWR, 0)
 	case RepairUseMetadataSize:
-		if f, err = os.OpenFile(p, os.O_RDWR, 0); err == nil {
+		if f, err = s.fs.OpenFile(p, os.O_RDWR, 0); err == nil {
 			err = f.Truncate(m.Size)
 		}
 	case RepairNewIdentity:
 		if st.Size() != m.Size {
 			return Meta{}, fmt.Errorf("volume %s: %s is %d bytes, the metadata says %d: repair the size first (--use-file-size or --use-metadata-size): %w", name, p, st.Size(), m.Size, ErrInvalid)
 		}
-		f, err = os.OpenFile(p, os.O_RDWR, 0)
+		f, err = s.fs.OpenFile(p, os.O_RDWR, 0)
 	default:
 		return Meta{}, fmt.Errorf("volume %s: unknown repair mode %q: %w", name, mode, ErrInvalid)
 	}
@@ -98,7 +100,7 @@ func (s *Store) Repair(name string, mode RepairMode) (Meta, error) {
 	}
 	if err != nil {
 		if mode == RepairRecreate && f != nil {
-			os.Remove(p)
+			s.fs.Remove(p)
 		}
 		return Meta{}, fmt.Errorf("volume %s: repair: %w", name, err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/atomicfile"
 	"github.com/vmsan/vmsan/internal/sparse"
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // Snapshots and clones.
@@ -150,8 +151,14 @@ func reflinkUnsupported(err error) bool {
 // copyData makes dst (empty, or to be overwritten) hold src's size bytes:
 // by reflink, or (o.Copy) by a sparse copy. It returns the method used.
 // dst's old blocks are dropped first in the copy case.
-func copyData(dst, src *os.File, size int64, o CloneOptions) (string, error) {
-	err := unix.IoctlFileClone(int(dst.Fd()), int(src.Fd()))
+func copyData(dst vfs.File, src *fileImage, size int64, o CloneOptions) (string, error) {
+	// Reflink needs two real files; a file of another FS (crash tests)
+	// takes the full copy like a filesystem without reflink.
+	err := error(unix.EOPNOTSUPP)
+	od, ok1 := vfs.OSFile(dst)
+	if os_ := src.osFile(); ok1 && os_ != nil {
+		err = unix.IoctlFileClone(int(od.Fd()), int(os_.Fd()))
+	}
 	if err == nil {
 		return MethodReflink, dst.Sync()
 	}
@@ -168,7 +175,7 @@ func copyData(dst, src *os.File, size int64, o CloneOptions) (string, error) {
 	if err := dst.Truncate(size); err != nil {
 		return "", sizeErr(err, size)
 	}
-	if err := sparse.Copy(context.Background(), dst, src, size, sparse.Options{Data: sparse.FileData(src), Progress: o.Progress}); err != nil {
+	if err := sparse.Copy(context.Background(), dst, src, size, sparse.Options{Data: src.Data, Progress: o.Progress}); err != nil {
 		return "", err
 	}
 	return MethodCopy, dst.Sync()
@@ -177,22 +184,20 @@ func copyData(dst, src *os.File, size int64, o CloneOptions) (string, error) {
 // tempRaw creates a temporary file in the volumes directory: same
 // filesystem as every raw file (rename and reflink work), and named so
 // that Open removes it if a crash leaves it behind.
-func (s *Store) tempRaw() (*os.File, error) {
-	return os.OpenFile(filepath.Join(s.vdir, atomicfile.TempPrefix+"clone-"+uuid.NewString()), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
+func (s *Store) tempRaw() (vfs.File, error) {
+	return s.fs.OpenFile(filepath.Join(s.vdir, atomicfile.TempPrefix+"clone-"+uuid.NewString()), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 }
 
 // cloneToTemp copies srcPath (size bytes) into a new temporary file and
 // returns it (the caller renames or removes it) with the method used.
-func (s *Store) cloneToTemp(srcPath string, size int64, o CloneOptions) (*os.File, string, error) {
-	src, err := os.Open(srcPath)
+func (s *Store) cloneToTemp(srcPath string, size int64, o CloneOptions) (vfs.File, string, error) {
+	src, err := openFileImage(s.fs, srcPath)
 	if err != nil {
 		return nil, "", err
 	}
 	defer src.Close()
-	if st, err := src.Stat(); err != nil {
-		return nil, "", err
-	} else if st.Size() != size {
-		return nil, "", fmt.Errorf("%w: %s is %d bytes, the metadata says %d", ErrDamaged, srcPath, st.Size(), size)
+	if src.Size() != size {
+		return nil, "", fmt.Errorf("%w: %s is %d bytes, the metadata says %d", ErrDamaged, srcPath, src.Size(), size)
 	}
 	tmp, err := s.tempRaw()
 	if err != nil {
@@ -201,7 +206,7 @@ func (s *Store) cloneToTemp(srcPath string, size int64, o CloneOptions) (*os.Fil
 	method, err := copyData(tmp, src, size, o)
 	if err != nil {
 		tmp.Close()
-		os.Remove(tmp.Name())
+		s.fs.Remove(tmp.Name())
 		return nil, "", err
 	}
 	return tmp, method, nil
@@ -225,14 +230,14 @@ func (s *Store) CreateSnapshot(vol, snap string, o CloneOptions) (SnapMeta, erro
 	if err := s.checkRaw(m); err != nil {
 		return SnapMeta{}, err
 	}
-	if _, err := os.Stat(s.snapMetaPath(vol, snap)); err == nil {
+	if _, err := s.fs.Stat(s.snapMetaPath(vol, snap)); err == nil {
 		return SnapMeta{}, existsError{"snapshot " + vol + SnapSep + snap}
 	}
 	d := filepath.Join(s.dir, SnapshotsDir, vol)
-	if err := os.MkdirAll(d, dirMode); err != nil {
+	if err := vfs.MkdirAllSync(s.fs, d, dirMode); err != nil {
 		return SnapMeta{}, err
 	}
-	os.Chmod(filepath.Join(s.dir, SnapshotsDir), dirMode)
+	s.fs.Chmod(filepath.Join(s.dir, SnapshotsDir), dirMode)
 	tmp, method, err := s.cloneToTemp(s.RawPath(vol), m.Size, o)
 	if err != nil {
 		return SnapMeta{}, fmt.Errorf("snapshot %s%s%s: %w", vol, SnapSep, snap, err)
@@ -245,17 +250,17 @@ func (s *Store) CreateSnapshot(vol, snap string, o CloneOptions) (SnapMeta, erro
 	sm.Created = time.Now().UTC().Truncate(time.Second)
 	sm.ResizeFrom, sm.Rollback = 0, nil
 	if err := newIdentity(tmp, &sm.Meta); err != nil {
-		os.Remove(tmp.Name())
+		s.fs.Remove(tmp.Name())
 		return SnapMeta{}, err
 	}
 	// A snapshot is never written: make that visible on the file too.
 	tmp.Chmod(0o400)
-	if err := os.Rename(tmp.Name(), s.SnapshotPath(vol, snap)); err != nil {
-		os.Remove(tmp.Name())
+	if err := s.fs.Rename(tmp.Name(), s.SnapshotPath(vol, snap)); err != nil {
+		s.fs.Remove(tmp.Name())
 		return SnapMeta{}, err
 	}
 	if err := s.writeSnapMeta(sm); err != nil {
-		os.Remove(s.SnapshotPath(vol, snap))
+		s.fs.Remove(s.SnapshotPath(vol, snap))
 		return SnapMeta{}, err
 	}
 	return sm, nil
@@ -266,7 +271,7 @@ func (s *Store) writeSnapMeta(sm SnapMeta) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(s.snapMetaPath(sm.Volume, sm.Snapshot), append(b, '\n'), fileMode); err != nil {
+	if err := atomicfile.WriteFileFS(s.fs, s.snapMetaPath(sm.Volume, sm.Snapshot), append(b, '\n'), fileMode); err != nil {
 		return fmt.Errorf("snapshot %s: write metadata: %w", sm.Name, err)
 	}
 	return nil
@@ -274,7 +279,7 @@ func (s *Store) writeSnapMeta(sm SnapMeta) error {
 
 func (s *Store) getSnapshot(vol, snap string) (SnapMeta, error) {
 	p := s.snapMetaPath(vol, snap)
-	b, err := readBounded(p)
+	b, err := s.readBounded(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return SnapMeta{}, SnapshotNotFound(vol + SnapSep + snap)
 	}
@@ -291,8 +296,8 @@ func (s *Store) getSnapshot(vol, snap string) (SnapMeta, error) {
 	return sm, nil
 }
 
-func readBounded(p string) ([]byte, error) {
-	f, err := os.Open(p)
+func (s *Store) readBounded(p string) ([]byte, error) {
+	f, err := vfs.Open(s.fs, p)
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +327,7 @@ func (s *Store) GetSnapshot(vol, snap string) (SnapMeta, error) {
 }
 
 func (s *Store) listSnapshots(vol string) ([]SnapMeta, error) {
-	ents, err := os.ReadDir(filepath.Join(s.dir, SnapshotsDir, vol))
+	ents, err := s.fs.ReadDir(filepath.Join(s.dir, SnapshotsDir, vol))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -371,7 +376,7 @@ func (s *Store) ListSnapshots(vol string) ([]SnapMeta, error) {
 		}
 		return s.listSnapshots(vol)
 	}
-	ents, err := os.ReadDir(filepath.Join(s.dir, SnapshotsDir))
+	ents, err := s.fs.ReadDir(filepath.Join(s.dir, SnapshotsDir))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -409,13 +414,17 @@ func (s *Store) DeleteSnapshot(vol, snap string) error {
 
 func (s *Store) deleteSnapshot(vol, snap string) error {
 	// Metadata first: the commit point, as for volumes.
-	if err := os.Remove(s.snapMetaPath(vol, snap)); err != nil {
+	if err := s.fs.Remove(s.snapMetaPath(vol, snap)); err != nil {
 		return fmt.Errorf("snapshot %s%s%s: %w", vol, SnapSep, snap, err)
 	}
 	d := filepath.Join(s.dir, SnapshotsDir, vol)
-	atomicfile.SyncDir(d)
-	os.Remove(s.SnapshotPath(vol, snap))
-	os.Remove(d) // only if empty
+	// The removal must be durable before success is reported: a crash
+	// must not bring back a snapshot the user was told is gone.
+	if err := atomicfile.SyncDirFS(s.fs, d); err != nil {
+		return fmt.Errorf("snapshot %s%s%s: %w", vol, SnapSep, snap, err)
+	}
+	s.fs.Remove(s.SnapshotPath(vol, snap))
+	s.fs.Remove(d) // only if empty
 	return nil
 }
 
@@ -445,7 +454,7 @@ func (s *Store) snapshotsBlockDelete(vol string, force bool) error {
 		}
 	}
 	// Unreadable snapshot metadata: remove the whole directory.
-	if err := os.RemoveAll(filepath.Join(s.dir, SnapshotsDir, vol)); err != nil {
+	if err := s.fs.RemoveAll(filepath.Join(s.dir, SnapshotsDir, vol)); err != nil {
 		return fmt.Errorf("volume %s: remove snapshots: %w", vol, err)
 	}
 	return nil
@@ -483,7 +492,7 @@ func (s *Store) Clone(src, newName string, o CloneOptions) (Meta, error) {
 		}
 		base, srcPath = m, s.RawPath(vol)
 	}
-	if _, err := os.Stat(s.metaPath(newName)); err == nil {
+	if _, err := s.fs.Stat(s.metaPath(newName)); err == nil {
 		return Meta{}, fmt.Errorf("%w: %s", ErrExists, newName)
 	}
 	tmp, _, err := s.cloneToTemp(srcPath, base.Size, o)
@@ -500,17 +509,17 @@ func (s *Store) Clone(src, newName string, o CloneOptions) (Meta, error) {
 	m.ResizeFrom, m.Rollback = 0, nil
 	tmp.Chmod(fileMode)
 	if err := newIdentity(tmp, &m); err != nil {
-		os.Remove(tmp.Name())
+		s.fs.Remove(tmp.Name())
 		return Meta{}, err
 	}
 	// A raw file without metadata is crash debris (package doc).
-	os.Remove(s.RawPath(newName))
-	if err := os.Rename(tmp.Name(), s.RawPath(newName)); err != nil {
-		os.Remove(tmp.Name())
+	s.fs.Remove(s.RawPath(newName))
+	if err := s.fs.Rename(tmp.Name(), s.RawPath(newName)); err != nil {
+		s.fs.Remove(tmp.Name())
 		return Meta{}, err
 	}
 	if err := s.writeMeta(m); err != nil {
-		os.Remove(s.RawPath(newName))
+		s.fs.Remove(s.RawPath(newName))
 		return Meta{}, err
 	}
 	return m, nil
@@ -553,7 +562,7 @@ func (s *Store) Rollback(vol, snap string, o CloneOptions) (Meta, error) {
 			return Meta{}, fmt.Errorf("rollback %s to %s: %w", vol, sm.Name, err)
 		}
 		tmp.Close()
-		os.Remove(tmp.Name())
+		s.fs.Remove(tmp.Name())
 	}
 	m.Rollback = mark
 	if err := s.writeMeta(m); err != nil {
@@ -573,12 +582,12 @@ func (s *Store) finishRollback(m Meta, progress func(int64)) (Meta, error) {
 	if err != nil {
 		return Meta{}, err
 	}
-	src, err := os.Open(s.SnapshotPath(m.Name, sm.Snapshot))
+	src, err := openFileImage(s.fs, s.SnapshotPath(m.Name, sm.Snapshot))
 	if err != nil {
 		return Meta{}, err
 	}
 	defer src.Close()
-	dst, err := os.OpenFile(s.RawPath(m.Name), os.O_RDWR, 0)
+	dst, err := s.fs.OpenFile(s.RawPath(m.Name), os.O_RDWR, 0)
 	if err != nil {
 		return Meta{}, err
 	}
@@ -619,7 +628,7 @@ func (s *Store) finishRollback(m Meta, progress func(int64)) (Meta, error) {
 // commit point) was never written, and atomic-write temporaries. Called
 // by Open; best effort (what it cannot remove is only wasted space).
 func (s *Store) removeSnapshotDebris() {
-	vols, err := os.ReadDir(filepath.Join(s.dir, SnapshotsDir))
+	vols, err := s.fs.ReadDir(filepath.Join(s.dir, SnapshotsDir))
 	if err != nil {
 		return
 	}
@@ -628,8 +637,8 @@ func (s *Store) removeSnapshotDebris() {
 			continue
 		}
 		d := filepath.Join(s.dir, SnapshotsDir, v.Name())
-		atomicfile.RemoveTemps(d)
-		ents, err := os.ReadDir(d)
+		atomicfile.RemoveTempsFS(s.fs, d)
+		ents, err := s.fs.ReadDir(d)
 		if err != nil {
 			continue
 		}
@@ -638,8 +647,8 @@ func (s *Store) removeSnapshotDebris() {
 			if !ok || ValidateName(snap) != nil {
 				continue
 			}
-			if _, err := os.Lstat(s.snapMetaPath(v.Name(), snap)); errors.Is(err, fs.ErrNotExist) {
-				if os.Remove(filepath.Join(d, e.Name())) == nil {
+			if _, err := s.fs.Lstat(s.snapMetaPath(v.Name(), snap)); errors.Is(err, fs.ErrNotExist) {
+				if s.fs.Remove(filepath.Join(d, e.Name())) == nil {
 					s.notice(v.Name(), false, "removed %s: a snapshot whose creation a crash interrupted", filepath.Join(d, e.Name()))
 				}
 				continue
@@ -697,10 +706,10 @@ func TempImportPath(dataDir string) string {
 func (s *Store) CreateFromFile(o CreateOptions, path string) (Meta, error) {
 	// Only adopt our own temporary files: the control API must not become
 	// a way to move arbitrary files into the store.
-	if !strings.HasPrefix(filepath.Base(path), atomicfile.TempPrefix) || !sameDir(filepath.Dir(path), s.vdir) {
+	if !strings.HasPrefix(filepath.Base(path), atomicfile.TempPrefix) || !s.sameDir(filepath.Dir(path), s.vdir) {
 		return Meta{}, fmt.Errorf("%w: import file %s is not a temporary file of this data directory (%s)", ErrInvalid, path, s.vdir)
 	}
-	st, err := os.Lstat(path)
+	st, err := s.fs.Lstat(path)
 	if err != nil {
 		return Meta{}, err
 	}
@@ -724,7 +733,7 @@ func (s *Store) CreateFromFile(o CreateOptions, path string) (Meta, error) {
 	if err := s.prepareNewLocked(o.Name); err != nil {
 		return Meta{}, err
 	}
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := s.fs.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return Meta{}, err
 	}
@@ -739,18 +748,26 @@ func (s *Store) CreateFromFile(o CreateOptions, path string) (Meta, error) {
 	if err := f.Sync(); err != nil {
 		return Meta{}, err
 	}
-	if err := os.Rename(path, s.RawPath(o.Name)); err != nil {
+	if err := s.fs.Rename(path, s.RawPath(o.Name)); err != nil {
 		return Meta{}, err
 	}
 	if err := s.writeMeta(m); err != nil {
-		os.Remove(s.RawPath(o.Name))
+		s.fs.Remove(s.RawPath(o.Name))
 		return Meta{}, err
 	}
 	return m, nil
 }
 
-func sameDir(a, b string) bool {
-	sa, err1 := os.Stat(a)
-	sb, err2 := os.Stat(b)
-	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+func (s *Store) sameDir(a, b string) bool {
+	sa, err1 := s.fs.Stat(a)
+	sb, err2 := s.fs.Stat(b)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	ia, ok1 := sa.(vfs.Inoder)
+	ib, ok2 := sb.(vfs.Inoder)
+	if ok1 && ok2 {
+		return ia.Ino() == ib.Ino()
+	}
+	return os.SameFile(sa, sb)
 }

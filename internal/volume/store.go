@@ -45,6 +45,11 @@
 // operator runs `vmsan volume repair` (Repair), which always gives the
 // volume a new data identity (identity.go) so a replica resyncs in full.
 //
+// File I/O: every file operation goes through a vfs.FS (OpenFS; Open uses
+// the real filesystem), so crash tests run the store on a vfs.MemFS and
+// reopen it from what a crash at any point leaves (crash_test.go). Data
+// readers other than the I/O engine read an Image (image.go).
+//
 // Concurrency: all methods are safe for concurrent use; they are serialised
 // by one mutex. Only one process can open a data directory at a time
 // (ErrLocked otherwise). Coordination with exports is through Hooks: the
@@ -56,6 +61,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -70,6 +76,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/atomicfile"
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 const (
@@ -195,10 +202,14 @@ type Hooks struct {
 
 // Store is an open data directory.
 type Store struct {
-	dir     string
-	vdir    string
-	lock    *os.File // vmsan.lock: pid, and flocked for older vmsan versions
-	dirLock *os.File // the data directory itself: the lock that counts
+	dir  string
+	vdir string
+	// fs is the filesystem seam every file operation of the store goes
+	// through (vfs.OS in production, a vfs.MemFS in crash tests).
+	fs      vfs.FS
+	lock    vfs.File  // vmsan.lock: the pid (information)
+	lfLock  io.Closer // its flock, for older vmsan versions
+	dirLock io.Closer // the data directory's flock: the lock that counts
 
 	mu        sync.Mutex
 	hooks     Hooks
@@ -253,25 +264,29 @@ func OpenExisting(dir string) (*Store, error) {
 // identity (see package doc and identity.go). A volume whose raw file is
 // damaged does not make Open fail: CheckRaw reports it, so the other
 // volumes can still be served.
-func Open(dir string) (*Store, error) {
+func Open(dir string) (*Store, error) { return OpenFS(vfs.OS, dir) }
+
+// OpenFS is Open on the filesystem fsys (a vfs.MemFS in crash tests).
+// Every file operation of the store, metadata and raw files alike, goes
+// through fsys; only the inode-level extras (reflink, SEEK_DATA, xattrs,
+// inode generations) need a real file and are skipped on others.
+func OpenFS(fsys vfs.FS, dir string) (*Store, error) {
 	if dir == "" {
 		return nil, errors.New("volume: empty data directory path")
 	}
 	vdir := filepath.Join(dir, VolumesDir)
-	if err := os.MkdirAll(vdir, dirMode); err != nil {
+	// Durably: a volumes/ whose entry a crash loses takes every volume's
+	// metadata with it.
+	if err := vfs.MkdirAllSync(fsys, vdir, dirMode); err != nil {
 		return nil, fmt.Errorf("volume: create data directory: %w", err)
 	}
 	// The lock is a flock on the directory itself: it cannot be unlinked
 	// away (removing vmsan.lock used to let a second daemon in), and the
 	// kernel drops it when the process dies, so a crashed daemon never
 	// leaves the directory locked.
-	dl, err := os.Open(dir)
-	if err != nil {
-		return nil, fmt.Errorf("volume: %w", err)
-	}
 	lockErr := func(err error) error {
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			pid, _ := os.ReadFile(filepath.Join(dir, LockFileName))
+		if errors.Is(err, vfs.ErrLocked) {
+			pid, _ := vfs.ReadFile(fsys, filepath.Join(dir, LockFileName))
 			p := strings.TrimSpace(string(pid))
 			if p == "" {
 				p = "unknown"
@@ -280,27 +295,28 @@ func Open(dir string) (*Store, error) {
 		}
 		return fmt.Errorf("volume: lock %s: %w", dir, err)
 	}
-	if err := syscall.Flock(int(dl.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		dl.Close()
+	dl, err := fsys.Lock(dir)
+	if err != nil {
 		return nil, lockErr(err)
 	}
-	lf, err := os.OpenFile(filepath.Join(dir, LockFileName), os.O_RDWR|os.O_CREATE, fileMode)
+	lf, err := fsys.OpenFile(filepath.Join(dir, LockFileName), os.O_RDWR|os.O_CREATE, fileMode)
 	if err != nil {
 		dl.Close()
 		return nil, fmt.Errorf("volume: %w", err)
 	}
 	// Also flock the pid file: a vmsan from before the directory lock only
 	// knows this one.
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	lfl, err := fsys.Lock(filepath.Join(dir, LockFileName))
+	if err != nil {
 		lf.Close()
 		dl.Close()
 		return nil, lockErr(err)
 	}
 	lf.Truncate(0)
 	lf.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	s := &Store{dir: dir, vdir: vdir, lock: lf, dirLock: dl, idChanged: map[string]bool{}, unverified: map[string]error{}}
+	s := &Store{fs: fsys, dir: dir, vdir: vdir, lock: lf, lfLock: lfl, dirLock: dl, idChanged: map[string]bool{}, unverified: map[string]error{}}
 	s.tightenAll()
-	atomicfile.RemoveTemps(vdir)
+	atomicfile.RemoveTempsFS(s.fs, vdir)
 	s.removeSnapshotDebris()
 	if err := s.reconcile(); err != nil {
 		s.Close()
@@ -354,7 +370,7 @@ func (s *Store) reconcileOne(m Meta) {
 		return // CheckRaw reports it
 	}
 	p := s.RawPath(m.Name)
-	st, err := os.Lstat(p)
+	st, err := s.fs.Lstat(p)
 	if err != nil || !st.Mode().IsRegular() {
 		return // CheckRaw reports it
 	}
@@ -364,12 +380,8 @@ func (s *Store) reconcileOne(m Meta) {
 			// The file was resized; only clearing the mark was lost.
 		case st.Size() == m.ResizeFrom && m.Size > m.ResizeFrom:
 			// Interrupted grow: extending adds zeroes, loses nothing.
-			if err := os.Truncate(p, m.Size); err != nil {
+			if err := vfs.TruncateSync(s.fs, p, m.Size); err != nil {
 				return
-			}
-			if f, err := os.Open(p); err == nil {
-				f.Sync()
-				f.Close()
 			}
 			s.notice(m.Name, false, "completed a grow interrupted by a crash: %s extended from %d to %d bytes", p, m.ResizeFrom, m.Size)
 		case st.Size() == m.ResizeFrom && m.Size < m.ResizeFrom:
@@ -392,7 +404,7 @@ func (s *Store) reconcileOne(m Meta) {
 	unverified := func(err error) {
 		s.unverified[m.Name] = fmt.Errorf("volume %s: %w: cannot check the data identity of %s: %v", m.Name, ErrDamaged, p, err)
 	}
-	f, err := os.Open(p)
+	f, err := vfs.Open(s.fs, p)
 	if err != nil {
 		unverified(err)
 		return
@@ -451,7 +463,7 @@ func (s *Store) checkRaw(m Meta) error {
 		return err
 	}
 	p := s.RawPath(m.Name)
-	st, err := os.Lstat(p)
+	st, err := s.fs.Lstat(p)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("volume %s: %w: %s is missing (the metadata says %d bytes); not serving it. "+
@@ -482,6 +494,9 @@ func (s *Store) Close() error {
 	s.closed = true
 	// Closing the fds drops the flocks.
 	err := s.lock.Close()
+	if cerr := s.lfLock.Close(); err == nil {
+		err = cerr
+	}
 	if cerr := s.dirLock.Close(); err == nil {
 		err = cerr
 	}
@@ -548,10 +563,10 @@ func (s *Store) RemoveStateDebris(name string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := os.Stat(s.metaPath(name)); err == nil {
+	if _, err := s.fs.Stat(s.metaPath(name)); err == nil {
 		return nil
 	}
-	return os.RemoveAll(filepath.Join(s.vdir, name+stateExt))
+	return s.fs.RemoveAll(filepath.Join(s.vdir, name+stateExt))
 }
 
 // StateDir returns (creating it) a directory for other subsystems' per-volume
@@ -566,7 +581,7 @@ func (s *Store) StateDir(name string) (string, error) {
 		return "", err
 	}
 	d := filepath.Join(s.vdir, name+stateExt)
-	if err := os.MkdirAll(d, dirMode); err != nil {
+	if err := vfs.MkdirAllSync(s.fs, d, dirMode); err != nil {
 		return "", err
 	}
 	return d, nil
@@ -653,7 +668,7 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 	if err := s.prepareNewLocked(o.Name); err != nil {
 		return Meta{}, err
 	}
-	f, err := os.OpenFile(s.RawPath(o.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
+	f, err := s.fs.OpenFile(s.RawPath(o.Name), os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 	if err != nil {
 		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, err)
 	}
@@ -667,11 +682,11 @@ func (s *Store) Create(o CreateOptions) (Meta, error) {
 	}
 	f.Close()
 	if err != nil {
-		os.Remove(s.RawPath(o.Name))
+		s.fs.Remove(s.RawPath(o.Name))
 		return Meta{}, fmt.Errorf("volume: create %s: %w", o.Name, sizeErr(err, o.Size))
 	}
 	if err := s.writeMeta(m); err != nil {
-		os.Remove(s.RawPath(o.Name))
+		s.fs.Remove(s.RawPath(o.Name))
 		return Meta{}, err
 	}
 	return m, nil
@@ -683,17 +698,17 @@ func (s *Store) prepareNewLocked(name string) error {
 	if s.closed {
 		return errors.New("volume: store closed")
 	}
-	if _, err := os.Stat(s.metaPath(name)); err == nil {
+	if _, err := s.fs.Stat(s.metaPath(name)); err == nil {
 		return fmt.Errorf("%w: %s", ErrExists, name)
 	}
 	// A raw file without metadata is crash debris (see package doc).
 	// Remove it rather than reuse it (O_TRUNC): the new volume gets a new
 	// inode (a new data identity), and the debris's mode does not carry over.
-	os.Remove(s.RawPath(name))
+	s.fs.Remove(s.RawPath(name))
 	// Likewise a state directory without metadata (a crash between Delete's
 	// metadata removal and its state removal): a new volume must not inherit
 	// a deleted one's replication settings or generations.
-	if err := os.RemoveAll(filepath.Join(s.vdir, name+stateExt)); err != nil {
+	if err := s.fs.RemoveAll(filepath.Join(s.vdir, name+stateExt)); err != nil {
 		return fmt.Errorf("volume: create %s: remove leftover state: %w", name, err)
 	}
 	return nil
@@ -705,7 +720,7 @@ func (s *Store) writeMeta(m Meta) error {
 		return err
 	}
 	b = append(b, '\n')
-	if err := atomicfile.WriteFile(s.metaPath(m.Name), b, fileMode); err != nil {
+	if err := atomicfile.WriteFileFS(s.fs, s.metaPath(m.Name), b, fileMode); err != nil {
 		return fmt.Errorf("volume %s: write metadata: %w", m.Name, err)
 	}
 	return nil
@@ -716,7 +731,7 @@ const maxMetaBytes = 1 << 20
 
 func (s *Store) get(name string) (Meta, error) {
 	p := s.metaPath(name)
-	f, err := os.Open(p)
+	f, err := vfs.Open(s.fs, p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Meta{}, fmt.Errorf("%w: %s", ErrNotFound, name)
 	}
@@ -759,7 +774,7 @@ func (s *Store) Get(name string) (Meta, error) {
 }
 
 func (s *Store) list() ([]Meta, error) {
-	ents, err := os.ReadDir(s.vdir)
+	ents, err := s.fs.ReadDir(s.vdir)
 	if err != nil {
 		return nil, err
 	}
@@ -839,7 +854,12 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 		handled, err = s.hooks.Resize(name, size)
 	}
 	if err == nil && !handled {
-		err = os.Truncate(s.RawPath(name), size)
+		err = vfs.TruncateSync(s.fs, s.RawPath(name), size)
+	} else if err == nil {
+		// The new size must be durable before the mark is cleared: a
+		// crash that kept the cleared mark but lost the size change
+		// would leave a file of a size no vmsan operation gives it.
+		err = s.syncFile(s.RawPath(name))
 	}
 	if err != nil {
 		// Put the old size back so metadata and file agree again.
@@ -851,6 +871,20 @@ func (s *Store) Resize(name string, size int64, force bool) (Meta, error) {
 	// Open clears it (size == Size): the resize did happen.
 	s.writeMeta(m)
 	return m, nil
+}
+
+// syncFile fsyncs the file p (an fsync through any descriptor makes the
+// inode's size durable, whoever changed it).
+func (s *Store) syncFile(p string) error {
+	f, err := vfs.Open(s.fs, p)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Update changes mutable metadata fields (cache mode, rotational, read-only,
@@ -905,14 +939,14 @@ func (s *Store) Delete(name string, force bool) error {
 	}
 	// Metadata first: once it is gone the volume does not exist, whatever
 	// else a crash leaves behind.
-	if err := os.Remove(s.metaPath(name)); err != nil {
+	if err := s.fs.Remove(s.metaPath(name)); err != nil {
 		return fmt.Errorf("volume %s: %w", name, err)
 	}
-	if err := atomicfile.SyncDir(s.vdir); err != nil {
+	if err := atomicfile.SyncDirFS(s.fs, s.vdir); err != nil {
 		return err
 	}
-	os.Remove(s.RawPath(name))
-	os.RemoveAll(filepath.Join(s.vdir, name+stateExt))
+	s.fs.Remove(s.RawPath(name))
+	s.fs.RemoveAll(filepath.Join(s.vdir, name+stateExt))
 	delete(s.unverified, name)
 	delete(s.idChanged, name)
 	return nil
@@ -926,6 +960,6 @@ func ReadMeta(dir, name string) (Meta, error) {
 	if err := ValidateName(name); err != nil {
 		return Meta{}, err
 	}
-	s := &Store{dir: dir, vdir: filepath.Join(dir, VolumesDir)}
+	s := &Store{fs: vfs.OS, dir: dir, vdir: filepath.Join(dir, VolumesDir)}
 	return s.get(name)
 }

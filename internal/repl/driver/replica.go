@@ -51,6 +51,7 @@ import (
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/repl"
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // Options configure a Replica.
@@ -220,7 +221,7 @@ func Start(o Options) (*Replica, error) {
 	} else if fi, err := os.Stat(s.SharedSecretFile); s.SharedSecretFile != "" && err == nil && fi.Mode().Perm()&0o077 != 0 {
 		log.Warn("the shared secret file is readable by other users: chmod 600 it", "file", s.SharedSecretFile, "mode", fi.Mode().Perm().String())
 	}
-	if err := os.MkdirAll(o.Dir, dirMode); err != nil {
+	if err := vfs.MkdirAllSync(vfs.OS, o.Dir, dirMode); err != nil {
 		return nil, err
 	}
 	st := &state{dir: o.Dir}

@@ -16,6 +16,7 @@ import (
 	"github.com/vmsan/vmsan/internal/atomicfile"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/replset"
+	"github.com/vmsan/vmsan/internal/vfs"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -111,7 +112,7 @@ func SaveSettings(dir string, s Settings) error {
 	if err := validateStored(s); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(dir, dirMode); err != nil {
+	if err := vfs.MkdirAllSync(vfs.OS, dir, dirMode); err != nil {
 		return err
 	}
 	b, _ := json.MarshalIndent(s, "", "  ")
@@ -154,15 +155,24 @@ func checkDataID(m repl.Meta, words []uint64, al []int64, found bool, id string,
 // state is the persisted replication state: meta.json and bitmap.bin,
 // each replaced atomically (temp, fsync, rename, fsync dir), and the
 // activity log al.bin, updated in place (see alFile) because it changes on
-// the write path.
+// the write path. All three go through the filesystem seam fs (nil: the
+// real filesystem), so crash tests can run them on a vfs.MemFS.
 type state struct {
+	fs     vfs.FS
 	dir    string
 	al     *alFile
 	lastBM []uint64 // last bitmap written (skip identical rewrites)
 }
 
+func (s *state) fsys() vfs.FS {
+	if s.fs == nil {
+		return vfs.OS
+	}
+	return s.fs
+}
+
 func (s *state) load() (m repl.Meta, words []uint64, al []int64, found bool, err error) {
-	b, err := os.ReadFile(filepath.Join(s.dir, "meta.json"))
+	b, err := vfs.ReadFile(s.fsys(), filepath.Join(s.dir, "meta.json"))
 	if errors.Is(err, os.ErrNotExist) {
 		return m, nil, nil, false, nil
 	}
@@ -172,10 +182,10 @@ func (s *state) load() (m repl.Meta, words []uint64, al []int64, found bool, err
 	if err := json.Unmarshal(b, &m); err != nil {
 		return m, nil, nil, false, fmt.Errorf("meta.json: %w", err)
 	}
-	if al, err = LoadAL(s.dir); err != nil {
+	if al, err = loadAL(s.fsys(), s.dir); err != nil {
 		return m, nil, nil, false, err
 	}
-	if b, err := os.ReadFile(filepath.Join(s.dir, "bitmap.bin")); err == nil {
+	if b, err := vfs.ReadFile(s.fsys(), filepath.Join(s.dir, "bitmap.bin")); err == nil {
 		if len(b)%8 != 0 {
 			return m, nil, nil, false, errors.New("bitmap.bin: length not a multiple of 8")
 		}
@@ -199,7 +209,7 @@ func (s *state) persist(p repl.Persist) error {
 		for i, w := range p.Bitmap {
 			binary.LittleEndian.PutUint64(b[i*8:], w)
 		}
-		if err := atomicfile.WriteFile(filepath.Join(s.dir, "bitmap.bin"), b, fileMode); err != nil {
+		if err := atomicfile.WriteFileFS(s.fsys(), filepath.Join(s.dir, "bitmap.bin"), b, fileMode); err != nil {
 			return err
 		}
 		s.lastBM = p.Bitmap
@@ -211,7 +221,7 @@ func (s *state) persist(p repl.Persist) error {
 	}
 	if p.Meta != nil {
 		b, _ := json.MarshalIndent(p.Meta, "", "  ")
-		if err := atomicfile.WriteFile(filepath.Join(s.dir, "meta.json"), b, fileMode); err != nil {
+		if err := atomicfile.WriteFileFS(s.fsys(), filepath.Join(s.dir, "meta.json"), b, fileMode); err != nil {
 			return err
 		}
 	}
@@ -229,7 +239,7 @@ func (s *state) persist(p repl.Persist) error {
 // Slot: magic "VMAL" u32 | seq u64 | count u32 | overflow u8 | pad [3] |
 // crc32c(entries) u32 | entries count × u64 (little endian).
 type alFile struct {
-	f   *os.File
+	f   vfs.File
 	seq uint64
 }
 
@@ -242,10 +252,22 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
-func openALFile(dir string) (*alFile, error) {
-	f, err := os.OpenFile(filepath.Join(dir, "al.bin"), os.O_RDWR|os.O_CREATE, fileMode)
+func openALFile(dir string) (*alFile, error) { return openALFileFS(vfs.OS, dir) }
+
+// openALFileFS opens (creating) al.bin on fsys. A new file's name is made
+// durable at once: a later fdatasync of its slots would not cover it.
+func openALFileFS(fsys vfs.FS, dir string) (*alFile, error) {
+	p := filepath.Join(dir, "al.bin")
+	_, statErr := fsys.Stat(p)
+	f, err := fsys.OpenFile(p, os.O_RDWR|os.O_CREATE, fileMode)
 	if err != nil {
 		return nil, err
+	}
+	if errors.Is(statErr, os.ErrNotExist) {
+		if err := fsys.SyncDir(dir); err != nil {
+			f.Close()
+			return nil, err
+		}
 	}
 	a := &alFile{f: f}
 	if _, seq, ok := readALSlots(f); ok {
@@ -271,14 +293,17 @@ func (a *alFile) write(ext []int64) error {
 	if _, err := a.f.WriteAt(b, int64(a.seq%2)*alSlotSize); err != nil {
 		return err
 	}
-	return syscall.Fdatasync(int(a.f.Fd()))
+	if of, ok := vfs.OSFile(a.f); ok {
+		return syscall.Fdatasync(int(of.Fd()))
+	}
+	return a.f.Sync()
 }
 
 func (a *alFile) close() error { return a.f.Close() }
 
 // readALSlots returns the newest valid slot's extents (nil extents and
 // overflow=true are reported as a single -1 entry).
-func readALSlots(f *os.File) (ext []int64, seq uint64, ok bool) {
+func readALSlots(f vfs.File) (ext []int64, seq uint64, ok bool) {
 	for slot := int64(0); slot < 2; slot++ {
 		h := make([]byte, alHeader)
 		if _, err := f.ReadAt(h, slot*alSlotSize); err != nil {
@@ -313,8 +338,10 @@ func readALSlots(f *os.File) (ext []int64, seq uint64, ok bool) {
 
 // LoadAL returns the persisted activity log's extents (4 MiB each). A
 // single -1 means the AL overflowed: the whole volume counts as hot.
-func LoadAL(dir string) ([]int64, error) {
-	f, err := os.Open(filepath.Join(dir, "al.bin"))
+func LoadAL(dir string) ([]int64, error) { return loadAL(vfs.OS, dir) }
+
+func loadAL(fsys vfs.FS, dir string) ([]int64, error) {
+	f, err := vfs.Open(fsys, filepath.Join(dir, "al.bin"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

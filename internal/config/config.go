@@ -203,7 +203,7 @@ func (r Replication) MarshalYAML() (any, error) {
 	type plain Replication
 	p := plain(r)
 	if p.SharedSecret != "" {
-		p.SharedSecret = "(hidden)"
+		p.SharedSecret = Masked
 	}
 	return p, nil
 }

@@ -52,7 +52,7 @@ volumes:
 		t.Fatalf("authentication settings %+v", s)
 	}
 	// The inline secret is never printed (serve --print-config).
-	if b, err := c.Marshal(); err != nil || strings.Contains(string(b), "sixteen+bytes-secret") || !strings.Contains(string(b), "shared_secret: (hidden)") {
+	if b, err := c.Marshal(); err != nil || strings.Contains(string(b), "sixteen+bytes-secret") || !strings.Contains(string(b), "shared_secret: '"+Masked+"'") {
 		t.Fatalf("print-config shows the secret or drops the key: %v\n%s", err, b)
 	}
 	if c.Volumes[1].Replication.Protocol != "" {

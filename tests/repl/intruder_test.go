@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/repl/driver"
 )
@@ -559,7 +560,7 @@ func TestPrintConfigHidesSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, err := exec.Command(vmsanBin, "serve", "--config", cfg, "--print-config").CombinedOutput()
-	if err != nil || strings.Contains(string(out), pairSecret) || !strings.Contains(string(out), "shared_secret: (hidden)") {
+	if err != nil || strings.Contains(string(out), pairSecret) || !strings.Contains(string(out), "shared_secret: '"+config.Masked+"'") {
 		t.Fatalf("print-config: %v\n%s", err, out)
 	}
 }

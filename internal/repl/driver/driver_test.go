@@ -440,7 +440,7 @@ func TestSecondaryWithDataIsNotAssumedFresh(t *testing.T) {
 	a := newNode(t, filepath.Join(base, "a"), 8<<20, sa, nil)
 	b := newNode(t, filepath.Join(base, "b"), 8<<20, sb, nil)
 	t.Cleanup(func() { a.stop(); b.stop() })
-	waitFor(t, "refusal", 10*time.Second, func() bool {
+	waitFor(t, "refusal", 30*time.Second, func() bool {
 		return a.r.Status().Conn == "StandAlone" && b.r.Status().Conn == "StandAlone"
 	})
 	if d := b.r.Status().Decision; d != "unrelated" {

@@ -40,7 +40,7 @@
 //     completed inline, else the completion path).
 //   - Errno (errno.go): engine/backend error -> POSIX errno class; NBD maps
 //     it onto its error values, a SCSI front end onto sense data.
-//   - SplitHoles, IsZero (holes.go): data/hole pieces of a completed read,
+//   - SplitHoles (holes.go): data/hole pieces of a completed read,
 //     for structured replies (and later SCSI GET LBA STATUS).
 //   - GetBuf/PutBuf (bufpool.go): the aligned payload pool (alignbuf, shared
 //     with the backend's O_DIRECT bounce buffers).

@@ -409,7 +409,7 @@ func TestCloseWithStuckRequest(t *testing.T) {
 // buffer, replies read straight into the caller's buffer).
 func TestNoAllocsPerRequest(t *testing.T) {
 	if raceDetector {
-		t.Skip("the race detector defeats sync.Pool; allocation bounds only hold without -race")
+		t.Skip("the race detector defeats sync.Pool; allocation bounds only hold without -race") // skip: race
 	}
 	uri := nbdkit(t, "memory", "16M")
 	c := dial(t, uri, &Options{Connections: 1})

@@ -59,7 +59,6 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -643,9 +642,6 @@ func (d *Daemon) ControlPath() string { return filepath.Join(d.cfg.DataDir, Cont
 
 // Store gives other subsystems (replication) access to the volume store.
 func (d *Daemon) Store() *volume.Store { return d.store }
-
-// Server is the NBD server (for its statistics).
-func (d *Daemon) Server() *server.Server { return d.nbd.srv }
 
 // Handle registers an extra control API endpoint (Go 1.22 ServeMux pattern,
 // e.g. "POST /v1/volumes/{name}/promote"). Call before Run.

@@ -93,13 +93,6 @@ func newPropSim(t *testing.T, seed int64) *propSim {
 	return ps
 }
 
-func (ps *propSim) peerOf(pn *propNode) *propNode {
-	if pn == ps.p {
-		return ps.s
-	}
-	return ps.p
-}
-
 // durable reports whether chunk c is covered by what a crash would leave:
 // the persisted bitmap or a persisted activity-log extent.
 func (pn *propNode) durable(c int64) bool {

@@ -57,7 +57,6 @@ type propSim struct {
 	// cutPerMille: chance of a link cut among the link-event steps.
 	cutPerMille int
 	discs       int
-	syncs       int
 }
 
 func (ps *propSim) fatalf(format string, a ...any) {

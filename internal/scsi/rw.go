@@ -284,9 +284,6 @@ func (c *cmd) writeSame() {
 	c.lu.dev.Submit(&c.req)
 }
 
-// unmapDesc is one validated UNMAP block descriptor.
-type unmapDesc struct{ lba, n uint64 }
-
 func (c *cmd) unmap() {
 	cdb := c.task.CDB
 	plen := int(binary.BigEndian.Uint16(cdb[7:9]))

@@ -383,8 +383,6 @@ func (ss *session) acceptCmdSN(sn uint32) bool {
 	return true
 }
 
-var errLogout = errors.New("logged out")
-
 func (ss *session) handle(f pdu.Frame) error {
 	switch h := f.Header.(type) {
 	case *pdu.NOPOut:

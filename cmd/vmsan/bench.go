@@ -13,7 +13,7 @@ import (
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-func init() {
+func newBenchCmd() *cobra.Command {
 	var (
 		cfg                                bench.RunConfig
 		size, bs, chunk, chrSize, sampleSz string
@@ -161,5 +161,5 @@ See docs/bench.md.`,
 	compare.Flags().BoolVar(&compJSON, "json", false, "print the comparison as JSON")
 	compare.Flags().BoolVar(&compPlotOpts.LogScale, "log-scale", false, "--plot: logarithmic value axis (small results stay visible next to large ones)")
 	cmd.AddCommand(compare)
-	rootCmd.AddCommand(cmd)
+	return cmd
 }

@@ -49,10 +49,8 @@ func typo(name string) string {
 // and a typo of one of its subcommands with a "did you mean" naming it;
 // with no argument it prints its help and exits 0.
 func TestUnknownSubcommandExits2(t *testing.T) {
-	// The tree as the subcommands' init functions built it (Execute adds
-	// help and completion, so add them here too).
-	rootCmd.InitDefaultHelpCmd()
-	rootCmd.InitDefaultCompletionCmd()
+	// The tree as main builds it (finishTree adds help and completion).
+	rootCmd := newRootCmd()
 	type parent struct {
 		path     []string
 		c        *cobra.Command

@@ -17,7 +17,7 @@ type errDoctorFailed struct{ summary string }
 
 func (e errDoctorFailed) Error() string { return "doctor: checks failed (" + e.summary + ")" }
 
-func init() {
+func newDoctorCmd() *cobra.Command {
 	var dataDir, peer, cfgPath string
 	var asJSON, noHistory bool
 	cmd := &cobra.Command{
@@ -87,7 +87,7 @@ run, at most one a minute); --no-history neither reads nor writes it.`,
 	f.StringVar(&cfgPath, "config", "", "vmsan serve configuration file (listen addresses, data_dir, per-volume replication)")
 	f.BoolVar(&asJSON, "json", false, "print a JSON array of {check, subject, status, evidence, fix}")
 	f.BoolVar(&noHistory, "no-history", false, "do not record or read free-space samples in the data directory")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // termWidth is the terminal's width when out is one, else $COLUMNS, else

@@ -29,9 +29,9 @@ func TestDoctorJSON(t *testing.T) {
 	s.Close()
 
 	var out bytes.Buffer
+	rootCmd := newRootCmd()
 	rootCmd.SetOut(&out)
 	rootCmd.SetArgs([]string{"doctor", "--data-dir", dir, "--json", "--no-history"})
-	defer rootCmd.SetOut(nil)
 	runErr := rootCmd.Execute()
 
 	var rows []map[string]any

@@ -16,7 +16,7 @@ import (
 	"github.com/vmsan/vmsan/internal/daemon"
 )
 
-func init() {
+func newEventsCmd() *cobra.Command {
 	var (
 		dataDir     string
 		asJSON, now bool
@@ -77,5 +77,5 @@ too far behind is dropped with a final "overflow" line.
 	cmd.Flags().StringVar(&dataDir, "data-dir", config.DefaultDataDir, "data directory of the daemon")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 	cmd.Flags().BoolVar(&now, "now", false, "print the current state and exit")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }

@@ -16,14 +16,14 @@ import (
 // gen-man writes the man pages `make install` installs. It is hidden: it is
 // a build step, not something users run. Shell completions need no
 // generator of ours: cobra's `vmsan completion bash|zsh|fish` prints them.
-func init() {
+func newGenManCmd() *cobra.Command {
 	var docDir, shareDir, configPath string
 	cmd := &cobra.Command{
 		Use:    "gen-man DIR",
 		Short:  "Write man pages (section 1) for every command into DIR",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) error {
 			dir := args[0]
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return err
@@ -35,8 +35,9 @@ func init() {
 			if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
 				hdr.Date = sourceDate(s)
 			}
-			rootCmd.DisableAutoGenTag = true
-			if err := doc.GenManTree(rootCmd, hdr, dir); err != nil {
+			root := cmd.Root()
+			root.DisableAutoGenTag = true
+			if err := doc.GenManTree(root, hdr, dir); err != nil {
 				return err
 			}
 			n, _ := filepath.Glob(filepath.Join(dir, "*.1"))
@@ -53,7 +54,7 @@ func init() {
 	cmd.Flags().StringVar(&docDir, "doc-dir", "/usr/share/doc/vmsan", "where README.md and docs/ are installed (named in FILES)")
 	cmd.Flags().StringVar(&shareDir, "share-dir", "/usr/share/vmsan", "where the dashboard and alert rules are installed (named in FILES)")
 	cmd.Flags().StringVar(&configPath, "config-path", "/etc/vmsan/vmsan.yaml", "the installed service configuration (named in FILES)")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // manFiles is the FILES section of every page: the help texts refer to

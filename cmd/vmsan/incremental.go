@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/alignbuf"
 	"github.com/vmsan/vmsan/internal/nbd/client"
 	"github.com/vmsan/vmsan/internal/sparse"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -211,11 +212,11 @@ func writeDiff(ctx context.Context, t diffTarget, src, base string, size int64, 
 				continue
 			}
 			// A run of differing blocks, all zero or all data in src.
-			zero := isAllZero(sb[i:j])
+			zero := alignbuf.IsZero(sb[i:j])
 			k := j
 			for k < n {
 				e := min(n, k+sparse.Block)
-				if bytes.Equal(sb[k:e], bb[k:e]) || isAllZero(sb[k:e]) != zero {
+				if bytes.Equal(sb[k:e], bb[k:e]) || alignbuf.IsZero(sb[k:e]) != zero {
 					break
 				}
 				k = e
@@ -235,13 +236,4 @@ func writeDiff(ctx context.Context, t diffTarget, src, base string, size int64, 
 		progress(off)
 	}
 	return written, read, nil
-}
-
-func isAllZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }

@@ -137,7 +137,7 @@ FirstBurstLength, ImmediateData, InitialR2T) and commands in flight.`,
 	return cmd
 }
 
-func init() {
+func newISCSICmd() *cobra.Command {
 	ic := &cobra.Command{
 		Use:   "iscsi",
 		Short: "iSCSI helpers (the target itself runs in vmsan serve --iscsi-listen)",
@@ -167,5 +167,5 @@ settings that make a path failover take seconds. See docs/iscsi.md.
 	mc.Flags().IntVar(&o.noopTimeout, "noop-timeout", o.noopTimeout, "open-iscsi: NOP-Out timeout in seconds")
 	ic.AddCommand(mc)
 	ic.AddCommand(iscsiShowCmd())
-	rootCmd.AddCommand(ic)
+	return ic
 }

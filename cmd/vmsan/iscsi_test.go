@@ -25,9 +25,7 @@ func multipathParse(t *testing.T, conf []byte) string {
 	t.Helper()
 	mp := testutil.NeedTool(t, "multipath")
 	un := testutil.NeedTool(t, "unshare")
-	if os.Geteuid() != 0 {
-		t.Skip("a private mount namespace needs root here; multipath.conf not parsed")
-	}
+	testutil.NeedRoot(t, "a private mount namespace (to parse multipath.conf)")
 	f := filepath.Join(t.TempDir(), "multipath.conf")
 	if err := os.WriteFile(f, conf, 0o644); err != nil {
 		t.Fatal(err)

@@ -129,6 +129,7 @@ func jsonError(t *testing.T, what, stdout, stderr string, code int) map[string]s
 // walking the command tree) reports a failure as one JSON object on
 // stderr, with the exit status it has without --json.
 func TestJSONErrorsEverywhere(t *testing.T) {
+	rootCmd := newRootCmd()
 	var cmds [][]string
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {

@@ -1,7 +1,9 @@
 // Command vmsan is the vmsan daemon and CLI. This package only wires
-// subcommands together; each subcommand lives in its own file and registers
-// itself on rootCmd from an init function, and calls into internal/ packages
-// for everything that is not flag parsing.
+// subcommands together: each command group lives in its own file with a
+// builder returning its *cobra.Command (newVolumeCmd in volume.go, ...),
+// newRootCmd assembles them, and everything that is not flag parsing is
+// in internal/ packages. A fresh tree per newRootCmd call means a test
+// runs a command with no flag values left over from another.
 package main
 
 import (
@@ -15,13 +17,33 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/vmsan/vmsan/internal/daemon"
+	"github.com/vmsan/vmsan/internal/version"
 )
 
-var rootCmd = &cobra.Command{
-	Use:           "vmsan",
-	Short:         "vmsan: a software SAN for KVM/QEMU virtual-machine disks",
-	SilenceUsage:  true,
-	SilenceErrors: true,
+// newRootCmd builds the whole command tree, finished (finishTree).
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "vmsan",
+		Short:         "vmsan: a software SAN for KVM/QEMU virtual-machine disks",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		// `vmsan --version` too, as users try both.
+		Version: version.Get().Version,
+	}
+	root.AddCommand(
+		newBenchCmd(),
+		newDoctorCmd(),
+		newEventsCmd(),
+		newGenManCmd(),
+		newISCSICmd(),
+		newReplCmd(),
+		newServeCmd(),
+		newStatusCmd(),
+		newVersionCmd(),
+		newVolumeCmd(),
+	)
+	finishTree(root)
+	return root
 }
 
 // Exit statuses: 0 success, 1 the command failed, 2 the command line
@@ -32,8 +54,7 @@ const (
 )
 
 func main() {
-	finishTree(rootCmd)
-	cmd, err := rootCmd.ExecuteC()
+	cmd, err := newRootCmd().ExecuteC()
 	if err == nil {
 		return
 	}

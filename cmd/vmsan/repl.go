@@ -17,7 +17,7 @@ import (
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-func init() {
+func newReplCmd() *cobra.Command {
 	var dataDir string
 	rc := &cobra.Command{
 		Use:   "repl",
@@ -165,7 +165,7 @@ StandAlone. See "Split brain" in docs/replication.md.`
 		connect,
 		op("disconnect", "Drop the connection and stay StandAlone", "disconnect"),
 		status)
-	rootCmd.AddCommand(rc)
+	return rc
 }
 
 // replVolumeCommands are `vmsan volume promote|demote|verify VOLUME`, the

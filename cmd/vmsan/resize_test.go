@@ -15,6 +15,7 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	old := os.Stdout
 	r, w, _ := os.Pipe()
 	os.Stdout = w
+	rootCmd := newRootCmd()
 	rootCmd.SetArgs(args)
 	err := rootCmd.Execute()
 	w.Close()

@@ -14,7 +14,7 @@ import (
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-func init() {
+func newServeCmd() *cobra.Command {
 	var (
 		fl          serveFlags
 		printConfig bool
@@ -89,7 +89,7 @@ logged and ignored.`,
 	f.StringVar(&fl.tlsKey, "tls-key", "", "server private key (PEM)")
 	f.StringVar(&fl.tlsCA, "tls-ca", "", "CA bundle: when set, clients must present a certificate it signed")
 	f.BoolVar(&printConfig, "print-config", false, "print the effective configuration as YAML (secrets masked) and exit")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // serveFlags are serve's flags that override the config file.

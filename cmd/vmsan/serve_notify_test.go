@@ -113,6 +113,7 @@ func TestVersionCommand(t *testing.T) {
 	old := os.Stdout
 	r, w, _ := os.Pipe()
 	os.Stdout = w
+	rootCmd := newRootCmd()
 	rootCmd.SetArgs([]string{"version"})
 	err := rootCmd.Execute()
 	w.Close()

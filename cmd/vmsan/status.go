@@ -13,7 +13,7 @@ import (
 	"github.com/vmsan/vmsan/internal/repl/driver"
 )
 
-func init() {
+func newStatusCmd() *cobra.Command {
 	var dataDir string
 	var asJSON bool
 	cmd := &cobra.Command{
@@ -39,7 +39,7 @@ func init() {
 	}
 	cmd.Flags().StringVar(&dataDir, "data-dir", config.DefaultDataDir, "data directory of the daemon")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	rootCmd.AddCommand(cmd)
+	return cmd
 }
 
 // printStatus is daemon.PrintStatus with the replication section as a

@@ -10,7 +10,7 @@ import (
 	"github.com/vmsan/vmsan/internal/version"
 )
 
-func init() {
+func newVersionCmd() *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "version",
@@ -41,7 +41,5 @@ func init() {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	rootCmd.AddCommand(cmd)
-	// `vmsan --version` too, as users try both.
-	rootCmd.Version = version.Get().Version
+	return cmd
 }

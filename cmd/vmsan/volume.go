@@ -14,7 +14,7 @@ import (
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-func init() {
+func newVolumeCmd() *cobra.Command {
 	var dataDir string
 	var asJSON bool
 	vc := &cobra.Command{
@@ -295,7 +295,7 @@ the data directory directly, so the daemon must be stopped.`,
 	vc.AddCommand(create, list, info, resize, set, del, repair)
 	vc.AddCommand(snapshotCommands(&dataDir, &asJSON)...) // snapshot, clone, rollback, import, export: see snapshot.go
 	vc.AddCommand(replVolumeCommands()...)                // promote, demote, verify: see repl.go
-	rootCmd.AddCommand(vc)
+	return vc
 }
 
 // deleted is what `vmsan volume delete --json` prints.

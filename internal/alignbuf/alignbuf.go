@@ -22,6 +22,7 @@
 package alignbuf
 
 import (
+	"bytes"
 	"math/bits"
 	"sync"
 	"unsafe"
@@ -84,4 +85,23 @@ func Aligned(n, align int) []byte {
 	raw := make([]byte, n+align)
 	off := (align - int(uintptr(unsafe.Pointer(&raw[0]))%uintptr(align))) % align
 	return raw[off : off+n : off+n]
+}
+
+// zeroPage is what IsZero compares against: bytes.Equal is vectorised, so
+// comparing against a page of zeroes beats a byte or word loop.
+var zeroPage [64 << 10]byte
+
+// IsZero reports whether b is all zero bytes. It is the one zero check of
+// the project (holes on reads, WRITE SAME of zeroes, resync of holes,
+// sparse copies and incremental exports): here because alignbuf is a leaf
+// that the backend, the runtime and the commands may all import.
+func IsZero(b []byte) bool {
+	for len(b) > 0 {
+		n := min(len(b), len(zeroPage))
+		if !bytes.Equal(b[:n], zeroPage[:n]) {
+			return false
+		}
+		b = b[n:]
+	}
+	return true
 }

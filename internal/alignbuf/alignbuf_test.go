@@ -44,3 +44,24 @@ func TestAlignedZeroed(t *testing.T) {
 		t.Fatal("align 1")
 	}
 }
+
+func TestIsZero(t *testing.T) {
+	// Lengths around the comparison page, and a non-zero byte at the
+	// first, last and a middle position of each (a page boundary too).
+	for _, n := range []int{0, 1, 7, 8, 4096, 64<<10 - 1, 64 << 10, 64<<10 + 1, 200 << 10} {
+		b := make([]byte, n)
+		if !IsZero(b) {
+			t.Fatalf("IsZero(%d zeroes) = false", n)
+		}
+		for _, i := range []int{0, n / 2, 64 << 10, n - 1} {
+			if i < 0 || i >= n {
+				continue
+			}
+			b[i] = 1
+			if IsZero(b) {
+				t.Fatalf("IsZero(len %d, byte %d set) = true", n, i)
+			}
+			b[i] = 0
+		}
+	}
+}

@@ -300,11 +300,11 @@ func TestOpenFileErrors(t *testing.T) {
 func TestDirectOnTmpfs(t *testing.T) {
 	var st unix.Statfs_t
 	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC {
-		t.Skip("no tmpfs at /dev/shm")
+		testutil.SkipOrFail(t, "no tmpfs at /dev/shm")
 	}
 	d, err := os.MkdirTemp("/dev/shm", "vmsan-test-")
 	if err != nil {
-		t.Skip(err)
+		testutil.SkipOrFail(t, "no writable /dev/shm: %v", err)
 	}
 	defer os.RemoveAll(d)
 	p := filepath.Join(d, "v")

@@ -75,7 +75,7 @@ func TestBlockDeviceSafety(t *testing.T) {
 	mnt := filepath.Join(dir, "mnt")
 	os.Mkdir(mnt, 0o755)
 	if out, err := exec.Command("mount", dev, mnt).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount here: %v %s", err, out)
+		testutil.SkipOrFail(t, "cannot mount here: %v %s", err, out)
 	}
 	defer exec.Command("umount", mnt).Run()
 	if tg, err := OpenTarget(ctx, dev, TargetOptions{Force: true}); err == nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/events"
+	"github.com/vmsan/vmsan/internal/httpjson"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -70,13 +71,9 @@ func registerPprof(mux *http.ServeMux) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
-}
+// writeJSON is the control API's one JSON reply writer (shared with the
+// replication plugin's routes).
+var writeJSON = httpjson.Write
 
 func writeErr(w http.ResponseWriter, err error) {
 	st, ae := apiError(err)

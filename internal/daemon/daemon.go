@@ -1,9 +1,10 @@
 // Package daemon wires vmsan together: volume store -> volume runtime
 // (volrt.Volume: backend + I/O engine) -> export registry -> a list of
-// front ends (NBD today; frontEndFactories), plus the control socket,
-// metrics, plugins and signal-driven shutdown. It knows no protocol: each
-// front end implements FrontEnd (daemon/nbd.go for NBD), and adding one is
-// a line in frontEndFactories.
+// front ends (NBD and, when iscsi.listen is set, iSCSI; frontEndFactories
+// in frontend.go), plus the control socket, metrics, plugins and
+// signal-driven shutdown. It speaks no protocol: each front end implements
+// FrontEnd (nbd.go for NBD, iscsi.go for iSCSI), and adding one is a line
+// in frontEndFactories.
 //
 // Simplest use (what `vmsan serve` does):
 //
@@ -22,8 +23,8 @@
 // and read the real address from NBDAddrs.
 //
 // Shutdown order (Run, after ctx is done): stop the control socket, each
-// front end's Shutdown (NBD: stop accepting connections and wait for
-// in-flight requests to be replied), stop plugins, close each engine
+// front end's Shutdown (stop accepting connections and wait for in-flight
+// requests to be replied), stop plugins, close each engine
 // (drain + sync) and backend, release the data directory lock. A FLUSH
 // acknowledged before shutdown is durable by then; so is every write
 // acknowledged before it, because engine Close syncs.
@@ -58,7 +59,6 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
-	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -642,9 +642,6 @@ func (d *Daemon) ControlPath() string { return filepath.Join(d.cfg.DataDir, Cont
 
 // Store gives other subsystems (replication) access to the volume store.
 func (d *Daemon) Store() *volume.Store { return d.store }
-
-// Server is the NBD server (for its statistics).
-func (d *Daemon) Server() *server.Server { return d.nbd.srv }
 
 // Handle registers an extra control API endpoint (Go 1.22 ServeMux pattern,
 // e.g. "POST /v1/volumes/{name}/promote"). Call before Run.

@@ -196,7 +196,7 @@ func newISCSIFrontEnd(d *Daemon) (FrontEnd, error) {
 	if !ic.Enabled() {
 		return nil, nil
 	}
-	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: volrt.NewSessions("iscsi"), stop: make(chan struct{}),
+	f := &iscsiFrontEnd{d: d, cfg: ic, iqn: ic.TargetName(), sessions: d.newSessions("iscsi"), stop: make(chan struct{}),
 		perVolume: map[string]*scsi.Target{}}
 	f.luns = &lunMap{d: d, byVol: map[string]uint64{}}
 	f.scsiIDs = ic.SCSIIDs()

@@ -97,7 +97,9 @@ func TestSnapshotUnderLoad(t *testing.T) {
 	if flushes() == f0 {
 		t.Fatal("the snapshot did not flush the volume's engine (no quiesce)")
 	}
-	time.Sleep(50 * time.Millisecond)
+	// Some writes complete after the snapshot (they must not be in it),
+	// unless the writer was done already.
+	waitFor(t, "writes after the snapshot", func() bool { return acked.Load() >= min(startedAfter+5, nblk) })
 	close(stop)
 	wg.Wait()
 	if werr != nil {

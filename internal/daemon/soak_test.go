@@ -21,7 +21,7 @@ import (
 // daemon must then shut down cleanly.
 func TestSoakDaemon(t *testing.T) {
 	if os.Getenv("VMSAN_SOAK") == "" {
-		t.Skip("soak test: set VMSAN_SOAK=1 (make soak)")
+		t.Skip("soak test: set VMSAN_SOAK=1 (make soak)") // skip: soak
 	}
 	testutil.NeedTool(t, "fio")
 	dur := 5 * time.Minute

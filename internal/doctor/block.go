@@ -36,11 +36,6 @@ func readSys(p string) (string, error) {
 	return strings.TrimSpace(string(b)), err
 }
 
-func isDir(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && fi.IsDir()
-}
-
 // resolveBlock finds the device under the data directory: st_dev →
 // /sys/dev/block/MAJ:MIN; when that is an anonymous device (major 0:
 // btrfs subvolumes, overlay, tmpfs, NFS) the mount's source device is used

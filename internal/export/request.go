@@ -105,7 +105,10 @@ func RunSteps(r *Request, submit func(*Request)) {
 	})
 }
 
-// IsCompound reports whether r is a compound request (ioengine.IsCompound).
+// IsCompound reports whether r is a compound request (one request made of
+// several backend steps), or a trim/write-zeroes over a list of ranges:
+// what a device that forwards requests somewhere other than an Engine must
+// either carry as one or run step by step.
 func IsCompound(r *Request) bool {
 	switch r.Op {
 	case OpWriteRepeat, OpCompareWrite, OpOrWrite:

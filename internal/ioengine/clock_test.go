@@ -15,7 +15,7 @@ func TestPreciseTimer(t *testing.T) {
 	tm := RealClock.AfterFunc(time.Hour, func() { n.Add(1); fired <- time.Now() })
 	pt, ok := tm.(*preciseTimer)
 	if !ok {
-		t.Skipf("timerfd unavailable: %T", tm)
+		t.Skipf("timerfd unavailable: %T", tm) // skip: platform
 	}
 	defer pt.close()
 	tm.Reset(200 * time.Microsecond) // earlier than the hour

@@ -2,20 +2,6 @@ package ioengine
 
 import "bytes"
 
-// IsCompound reports whether op is a compound operation (one request
-// made of several backend steps), or r a trim/write-zeroes over a list
-// of ranges: what a device that forwards requests somewhere other than
-// an Engine must either carry as one or run with RunSteps.
-func IsCompound(r *Request) bool {
-	switch r.Op {
-	case OpWriteRepeat, OpCompareWrite, OpOrWrite:
-		return true
-	case OpTrim, OpWriteZeroes:
-		return r.Ranges != nil
-	}
-	return false
-}
-
 // RunSteps executes a compound request r as a sequence of primitive
 // requests (OpRead, OpWrite, OpTrim, OpWriteZeroes) handed to submit one
 // at a time, each after the previous one completed, on a goroutine of its

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/vmsan/vmsan/internal/alignbuf"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite expected outputs in testdata/")
@@ -203,13 +205,13 @@ func (s *sim) doIO(sn *simNode) bool {
 func readPieces(disk []byte, r Read) []ReadPiece {
 	if !r.NeedData {
 		b := disk[r.Offset : r.Offset+r.Length]
-		return []ReadPiece{{Offset: r.Offset, Length: r.Length, Zero: isZero(b), Hash: sha256.Sum256(b)}}
+		return []ReadPiece{{Offset: r.Offset, Length: r.Length, Zero: alignbuf.IsZero(b), Hash: sha256.Sum256(b)}}
 	}
 	var out []ReadPiece
 	for off := r.Offset; off < r.Offset+r.Length; {
 		l := min(int64(ChunkSize), r.Offset+r.Length-off)
 		b := disk[off : off+l]
-		z := isZero(b)
+		z := alignbuf.IsZero(b)
 		if n := len(out); n > 0 && out[n-1].Zero == z && (z || !r.WantHash) && out[n-1].Offset+out[n-1].Length == off {
 			out[n-1].Length += l
 			if !z {
@@ -229,15 +231,6 @@ func readPieces(disk []byte, r Read) []ReadPiece {
 		out[i].Hash = sha256.Sum256(disk[out[i].Offset : out[i].Offset+out[i].Length])
 	}
 	return out
-}
-
-func isZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // deliver moves queued messages (control first) until the network is idle.

@@ -305,7 +305,6 @@ type Node struct {
 	cursor    int64
 	budget    int64
 	rsTotal   int64
-	verifyEnd bool
 	verifyCur int64
 	// target-side reads for checksum/verify compare: read id -> message
 	cmp map[uint64]Message

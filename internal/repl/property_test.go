@@ -57,7 +57,6 @@ type propSim struct {
 	// cutPerMille: chance of a link cut among the link-event steps.
 	cutPerMille int
 	discs       int
-	syncs       int
 }
 
 func (ps *propSim) fatalf(format string, a ...any) {
@@ -91,13 +90,6 @@ func newPropSim(t *testing.T, seed int64) *propSim {
 	ps.s.n.Listen()
 	ps.processAll()
 	return ps
-}
-
-func (ps *propSim) peerOf(pn *propNode) *propNode {
-	if pn == ps.p {
-		return ps.s
-	}
-	return ps.p
 }
 
 // durable reports whether chunk c is covered by what a crash would leave:

@@ -56,16 +56,6 @@ func (d DiskState) String() string {
 	return fmt.Sprintf("DiskState(%d)", d)
 }
 
-// ParseDiskState is the inverse of DiskState.String.
-func ParseDiskState(s string) (DiskState, bool) {
-	for d := Diskless; d <= UpToDate; d++ {
-		if d.String() == s {
-			return d, true
-		}
-	}
-	return 0, false
-}
-
 // ConnState is DRBD's connection state.
 type ConnState uint8
 

@@ -13,7 +13,7 @@ import (
 // COMPARE AND WRITE, ORWRITE).
 func TestReadWriteAllocs(t *testing.T) {
 	if raceEnabled {
-		t.Skip("the race detector allocates")
+		t.Skip("the race detector allocates") // skip: race
 	}
 	f := newFixture(t)
 	luns := []LUN{{0, "vol"}}

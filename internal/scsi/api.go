@@ -144,31 +144,15 @@ const (
 	TMFRejected             = 255
 )
 
-// Transport is what the Target needs from the transport for task
-// management: the SCSI layer decides what a reset means (unit attentions,
-// reservation release), the transport owns the task lists.
+// Task management and session end, as a transport drives them: the SCSI
+// layer decides what a reset means (unit attentions, reservation release),
+// the transport owns the task lists. Target.TaskManagement(fn, n, lun) is
+// called by the transport after it has aborted (and waited for) the
+// affected tasks; it returns a TMF* response. Target.NexusLost(n) is
+// called when a session ends (reservations of registrants without APTPL
+// survive, per SPC-4; RESERVE(6) reservations are released).
 //
-// The Target's task-management entry point (implemented in this package):
-//
-//	func (t *Target) TaskManagement(fn uint8, n *Nexus, lun uint64) uint8
-//
-// is called by the transport after it has aborted (and waited for) the
-// affected tasks; it returns a TMF* response. NexusLost(n) is called when
-// a session ends (reservations of registrants without APTPL survive, per
-// SPC-4; RESERVE(6) reservations are released).
-//
-// The Target's constructor and methods (implemented in target.go):
-//
-//	type LUN struct { Number uint64; Volume string }
-//	type Config struct {
-//		Registry export.Registry  // opens volumes by name
-//		LUNs     func() []LUN     // the LUN map, read per REPORT LUNS/lookup
-//		StateDir func(volume string) (string, error) // APTPL reservations
-//		// identity strings (vendor "VMSAN", product, revision) and the
-//		// ALUA port groups and their states
-//	}
-//	func New(cfg Config) *Target
-//	func (t *Target) Execute(task *Task, done func(*Result))
-//	func (t *Target) TaskManagement(fn uint8, n *Nexus, lun uint64) uint8
-//	func (t *Target) NexusLost(n *Nexus)
-//	func (t *Target) Close() // releases opened devices
+// The rest of the Target's surface is in target.go: Config (its fields are
+// documented there only, so this contract cannot drift from them), New,
+// Execute, MaxDataOut, SetPortGroupState/PortGroupState, WaitAdmitted,
+// ReleaseVolume, Close.

@@ -20,7 +20,8 @@ import (
 // what remains. A WRITE slipping in between would leave the COMPARE AND
 // WRITE's data instead.
 func TestCompareAndWriteAtomicAgainstWrites(t *testing.T) {
-	f := newFixtureDev(t, exporttest.NewDevice(t, "vol", slowReadBackend{backend.NewMem(testSize)}))
+	be := newSlowRead()
+	f := newFixtureDev(t, exporttest.NewDevice(t, "vol", be))
 	a, b := nexus("iqn.a", 1), nexus("iqn.b", 1)
 	f.ready(a)
 	f.ready(b)
@@ -31,11 +32,12 @@ func TestCompareAndWriteAtomicAgainstWrites(t *testing.T) {
 		f.good(a, cdb10(opWrite10, 0, 7, 1), A, 0)
 		var wg sync.WaitGroup
 		wg.Add(2)
+		be.drain()
 		go func() {
 			defer wg.Done()
 			f.exec(a, caw, append(append([]byte(nil), A...), B...), 0)
 		}()
-		time.Sleep(500 * time.Microsecond) // the CAW's read is in flight
+		be.waitRead(t) // the CAW's read is in flight
 		go func() {
 			defer wg.Done()
 			f.good(b, cdb10(opWrite10, 0, 7, 1), C, 0)
@@ -87,12 +89,43 @@ func TestCompareAndWriteCounter(t *testing.T) {
 
 // slowReadBackend delays every backend read: a COMPARE AND WRITE's read
 // takes long enough for a write from another front end to arrive during
-// it.
-type slowReadBackend struct{ backend.Backend }
+// it. Each read, as it starts, signals reading, so a test sends its write
+// once the read is in flight (waitRead) instead of after a guessed sleep.
+type slowReadBackend struct {
+	backend.Backend
+	reading chan struct{}
+}
+
+func newSlowRead() slowReadBackend {
+	return slowReadBackend{Backend: backend.NewMem(testSize), reading: make(chan struct{}, 1)}
+}
 
 func (b slowReadBackend) ReadvAt(bufs [][]byte, off int64) error {
+	select {
+	case b.reading <- struct{}{}:
+	default: // a signal is pending already
+	}
 	time.Sleep(2 * time.Millisecond)
 	return b.Backend.ReadvAt(bufs, off)
+}
+
+// drain forgets the signal of an earlier read (REQUIRES: no read in
+// flight).
+func (b slowReadBackend) drain() {
+	select {
+	case <-b.reading:
+	default:
+	}
+}
+
+// waitRead waits until a read has started since the last drain.
+func (b slowReadBackend) waitRead(t *testing.T) {
+	t.Helper()
+	select {
+	case <-b.reading:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no backend read started")
+	}
 }
 
 // TestCompareAndWriteAtomicAgainstNBD: COMPARE AND WRITE is atomic against
@@ -103,7 +136,8 @@ func (b slowReadBackend) ReadvAt(bufs [][]byte, off int64) error {
 // the two writes). A write slipping in between the compare and the write
 // would leave the COMPARE AND WRITE's data.
 func TestCompareAndWriteAtomicAgainstNBD(t *testing.T) {
-	dev := exporttest.NewDevice(t, "vol", slowReadBackend{backend.NewMem(testSize)})
+	be := newSlowRead()
+	dev := exporttest.NewDevice(t, "vol", be)
 	dev.Meta.MaxBlock = 1 << 20
 	f := newFixtureDev(t, dev)
 	_, sock := servertest.ServeUnix(t, server.Config{Registry: exporttest.NewRegistry(dev)})
@@ -124,8 +158,9 @@ func TestCompareAndWriteAtomicAgainstNBD(t *testing.T) {
 	for i := 0; i < 30; i++ {
 		f.good(a, cdb10(opWrite10, 0, lba, blocks), A, 0)
 		cr := make(chan res, 1)
+		be.drain()
 		go func() { cr <- f.exec(a, caw, append(append([]byte(nil), A...), B...), 0) }()
-		time.Sleep(500 * time.Microsecond) // the COMPARE AND WRITE's read is in flight
+		be.waitRead(t) // the COMPARE AND WRITE's read is in flight
 		if _, err := nc.WriteAt(C, lba*512); err != nil {
 			t.Fatal(err)
 		}

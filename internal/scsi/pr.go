@@ -285,6 +285,58 @@ func parseTransportID(b []byte) (port string, n int, ok bool) {
 	return string(s), 4 + l, true
 }
 
+// prOutReq is one PERSISTENT RESERVE OUT as its service action sees it
+// (the parameters, parsed) and what the action decided (status, sense, unit
+// attentions, nexuses to abort, whether APTPL is taken from the request).
+// A service action changes only the prState copy it is given; prOut
+// commits that copy (and its APTPL file) only when the action succeeded.
+type prOutReq struct {
+	k             itKey // the requesting I_T nexus
+	me            int   // its registration in the copy, -1 if none
+	resKey, saKey uint64
+	typ, scope    uint8
+	data          []byte
+
+	status   uint8
+	sense    *senseInfo
+	uas      []prUA
+	victims  []itKey // nexuses whose tasks PREEMPT AND ABORT aborts
+	setAPTPL bool
+}
+
+type prUA struct {
+	k    itKey
+	code uaCode
+}
+
+func (o *prOutReq) ua(k itKey, code uaCode) { o.uas = append(o.uas, prUA{k, code}) }
+func (o *prOutReq) bad(s senseInfo)         { o.sense = &s }
+func (o *prOutReq) conflict()               { o.status = StatusReservationConflict }
+func (o *prOutReq) failed() bool            { return o.status != StatusGood || o.sense != nil }
+
+// keyMismatch reports (and answers RESERVATION CONFLICT) when the
+// requester is not registered or gave another reservation key.
+func (o *prOutReq) keyMismatch(p *prState) bool {
+	if o.me < 0 || o.resKey != p.regs[o.me].key {
+		o.conflict()
+		return true
+	}
+	return false
+}
+
+// prOutActions is the PERSISTENT RESERVE OUT dispatch table: one function
+// per service action (SPC-4 5.13).
+var prOutActions = map[uint8]func(p *prState, o *prOutReq){
+	prRegister:       (*prState).outRegister,
+	prRegisterIgnore: (*prState).outRegisterIgnore,
+	prReserve:        (*prState).outReserve,
+	prRelease:        (*prState).outRelease,
+	prClear:          (*prState).outClear,
+	prPreempt:        (*prState).outPreempt,
+	prPreemptAbort:   (*prState).outPreemptAbort,
+	prRegisterMove:   (*prState).outRegisterMove,
+}
+
 func (c *cmd) prOut() {
 	cdb := c.task.CDB
 	sa, scope, typ := saOf(cdb), cdb[2]>>4, cdb[2]&0x0F
@@ -320,181 +372,27 @@ func (c *cmd) prOut() {
 		c.fail(invalidParam(20, 0))
 		return
 	}
-	n := c.task.Nexus
-	k := keyOf(n)
+	action := prOutActions[sa]
+	if action == nil {
+		// The command table admits only the service actions above.
+		c.fail(invalidCDB(1, 4))
+		return
+	}
+	k := keyOf(c.task.Nexus)
 	l.mu.Lock()
 	p := l.pr.clone()
-	me := p.find(k)
-	var (
-		status = uint8(StatusGood)
-		sense  *senseInfo
-		uas    []struct {
-			k    itKey
-			code uaCode
-		}
-		victims  []itKey
-		setAPTPL bool
-	)
-	ua := func(k itKey, code uaCode) {
-		uas = append(uas, struct {
-			k    itKey
-			code uaCode
-		}{k, code})
-	}
-	bad := func(s senseInfo) { sense = &s }
-	switch sa {
-	case prRegister, prRegisterIgnore:
-		switch {
-		case me < 0:
-			if sa == prRegister && resKey != 0 {
-				status = StatusReservationConflict
-			} else if saKey != 0 {
-				p.regs = append(p.regs, prReg{k: k, key: saKey})
-				p.gen++
-				setAPTPL = true
-			}
-		case sa == prRegister && resKey != p.regs[me].key:
-			status = StatusReservationConflict
-		case saKey == 0:
-			typ := p.typ
-			if p.remove(me) && (typ == prTypeWERO || typ == prTypeEARO) {
-				for _, r := range p.regs {
-					ua(r.k, uaResvReleased)
-				}
-			}
-			p.gen++
-			setAPTPL = true
-		default:
-			p.regs[me].key = saKey
-			p.gen++
-			setAPTPL = true
-		}
-	case prReserve:
-		switch {
-		case me < 0 || resKey != p.regs[me].key:
-			status = StatusReservationConflict
-		case scope != 0:
-			bad(invalidCDB(2, 7))
-		case !validPRType(typ):
-			bad(invalidCDB(2, 3))
-		case !p.held:
-			p.held, p.typ, p.holder = true, typ, k
-		case p.isHolder(k) && p.typ == typ:
-			// Already held with that type: no change.
-		default:
-			status = StatusReservationConflict
-		}
-	case prRelease:
-		switch {
-		case me < 0 || resKey != p.regs[me].key:
-			status = StatusReservationConflict
-		case !p.held || !p.isHolder(k):
-			// Nothing to release.
-		case scope != 0 || p.typ != typ:
-			bad(senseInvalidRelease)
-		default:
-			old := p.typ
-			p.held, p.holder = false, itKey{}
-			if old != prTypeWE && old != prTypeEA {
-				for _, r := range p.regs {
-					if r.k != k {
-						ua(r.k, uaResvReleased)
-					}
-				}
-			}
-		}
-	case prClear:
-		if me < 0 || resKey != p.regs[me].key {
-			status = StatusReservationConflict
-			break
-		}
-		for _, r := range p.regs {
-			if r.k != k {
-				ua(r.k, uaResvPreempted)
-			}
-		}
-		p.regs = p.regs[:0]
-		p.held, p.holder = false, itKey{}
-		p.gen++
-	case prPreempt, prPreemptAbort:
-		if me < 0 || resKey != p.regs[me].key {
-			status = StatusReservationConflict
-			break
-		}
-		if p.held && (scope != 0 || !validPRType(typ)) {
-			if scope != 0 {
-				bad(invalidCDB(2, 7))
-			} else {
-				bad(invalidCDB(2, 3))
-			}
-			break
-		}
-		removeKey := func(key uint64) int {
-			nrem := 0
-			for i := 0; i < len(p.regs); {
-				if r := p.regs[i]; r.key == key && r.k != k {
-					victims = append(victims, r.k)
-					ua(r.k, uaRegsPreempted)
-					p.regs = append(p.regs[:i], p.regs[i+1:]...)
-					nrem++
-					continue
-				}
-				i++
-			}
-			return nrem
-		}
-		switch {
-		case p.held && allRegs(p.typ) && saKey == 0:
-			// Every other registrant goes; the preempter holds.
-			for _, r := range p.regs {
-				if r.k != k {
-					victims = append(victims, r.k)
-					ua(r.k, uaRegsPreempted)
-				}
-			}
-			p.regs = []prReg{p.regs[me]}
-			p.typ, p.holder = typ, k
-			p.gen++
-		case p.held && !allRegs(p.typ) && p.holderKey() == saKey:
-			oldTyp := p.typ
-			removeKey(saKey)
-			p.typ, p.holder = typ, k
-			if oldTyp != typ {
-				for _, r := range p.regs {
-					if r.k != k {
-						ua(r.k, uaResvReleased)
-					}
-				}
-			}
-			p.gen++
-		case saKey == 0:
-			bad(invalidParam(8, -1))
-		default:
-			if removeKey(saKey) == 0 {
-				status = StatusReservationConflict
-				break
-			}
-			p.gen++
-		}
-		if sa != prPreemptAbort {
-			victims = nil
-		}
-	case prRegisterMove:
-		status, sense = p.registerMove(k, me, resKey, saKey, typ, scope, data)
-		if status == StatusGood && sense == nil {
-			setAPTPL = true
-		}
-	}
-	if status != StatusGood || sense != nil {
+	o := &prOutReq{k: k, me: p.find(k), resKey: resKey, saKey: saKey, typ: typ, scope: scope, data: data, status: StatusGood}
+	action(&p, o)
+	if o.failed() {
 		l.mu.Unlock()
-		if sense != nil {
-			c.fail(*sense)
+		if o.sense != nil {
+			c.fail(*o.sense)
 		} else {
-			c.finishStatus(status)
+			c.finishStatus(o.status)
 		}
 		return
 	}
-	if setAPTPL {
+	if o.setAPTPL {
 		p.aptpl = aptpl
 	}
 	if p.aptpl || l.pr.aptpl {
@@ -505,15 +403,15 @@ func (c *cmd) prOut() {
 		}
 	}
 	l.pr = p
-	for _, u := range uas {
+	for _, u := range o.uas {
 		l.addUAKeyLocked(u.k, u.code)
 	}
 	l.updateRsvActiveLocked()
 	var abort []*Nexus
-	if len(victims) > 0 && l.t.cfg.Abort != nil {
+	if len(o.victims) > 0 && l.t.cfg.Abort != nil {
 		l.nexus.Range(func(nk, _ any) bool {
 			nn := nk.(*Nexus)
-			for _, v := range victims {
+			for _, v := range o.victims {
 				if keyOf(nn) == v {
 					abort = append(abort, nn)
 				}
@@ -526,6 +424,184 @@ func (c *cmd) prOut() {
 		l.t.cfg.Abort(nn, l.num)
 	}
 	c.finishStatus(StatusGood)
+}
+
+// outRegister is REGISTER (SPC-4 5.13.2): register a key, change it, or
+// unregister with a zero service action key; the reservation key must
+// match the current registration.
+func (p *prState) outRegister(o *prOutReq) { p.register(o, false) }
+
+// outRegisterIgnore is REGISTER AND IGNORE EXISTING KEY: REGISTER without
+// the reservation key check.
+func (p *prState) outRegisterIgnore(o *prOutReq) { p.register(o, true) }
+
+func (p *prState) register(o *prOutReq, ignore bool) {
+	switch {
+	case o.me < 0:
+		if !ignore && o.resKey != 0 {
+			o.conflict()
+		} else if o.saKey != 0 {
+			p.regs = append(p.regs, prReg{k: o.k, key: o.saKey})
+			p.gen++
+			o.setAPTPL = true
+		}
+	case !ignore && o.resKey != p.regs[o.me].key:
+		o.conflict()
+	case o.saKey == 0:
+		typ := p.typ
+		if p.remove(o.me) && (typ == prTypeWERO || typ == prTypeEARO) {
+			for _, r := range p.regs {
+				o.ua(r.k, uaResvReleased)
+			}
+		}
+		p.gen++
+		o.setAPTPL = true
+	default:
+		p.regs[o.me].key = o.saKey
+		p.gen++
+		o.setAPTPL = true
+	}
+}
+
+// outReserve is RESERVE (SPC-4 5.13.9): a registrant takes the
+// reservation of the given type; asking again for the type held is a
+// no-op.
+func (p *prState) outReserve(o *prOutReq) {
+	switch {
+	case o.keyMismatch(p):
+	case o.scope != 0:
+		o.bad(invalidCDB(2, 7))
+	case !validPRType(o.typ):
+		o.bad(invalidCDB(2, 3))
+	case !p.held:
+		p.held, p.typ, p.holder = true, o.typ, o.k
+	case p.isHolder(o.k) && p.typ == o.typ:
+		// Already held with that type: no change.
+	default:
+		o.conflict()
+	}
+}
+
+// outRelease is RELEASE (SPC-4 5.13.10): the holder releases; the other
+// registrants of a registrants-only or all-registrants reservation get a
+// RESERVATIONS RELEASED unit attention.
+func (p *prState) outRelease(o *prOutReq) {
+	switch {
+	case o.keyMismatch(p):
+	case !p.held || !p.isHolder(o.k):
+		// Nothing to release.
+	case o.scope != 0 || p.typ != o.typ:
+		o.bad(senseInvalidRelease)
+	default:
+		old := p.typ
+		p.held, p.holder = false, itKey{}
+		if old != prTypeWE && old != prTypeEA {
+			for _, r := range p.regs {
+				if r.k != o.k {
+					o.ua(r.k, uaResvReleased)
+				}
+			}
+		}
+	}
+}
+
+// outClear is CLEAR (SPC-4 5.13.11): every registration and the
+// reservation go; the others get RESERVATIONS PREEMPTED.
+func (p *prState) outClear(o *prOutReq) {
+	if o.keyMismatch(p) {
+		return
+	}
+	for _, r := range p.regs {
+		if r.k != o.k {
+			o.ua(r.k, uaResvPreempted)
+		}
+	}
+	p.regs = p.regs[:0]
+	p.held, p.holder = false, itKey{}
+	p.gen++
+}
+
+// outPreempt is PREEMPT (SPC-4 5.13.12): remove the registrations with
+// the service action key (and take the reservation when they held it).
+func (p *prState) outPreempt(o *prOutReq) {
+	p.preempt(o)
+	o.victims = nil
+}
+
+// outPreemptAbort is PREEMPT AND ABORT: PREEMPT, then the preempted
+// nexuses' tasks are aborted (Config.Abort).
+func (p *prState) outPreemptAbort(o *prOutReq) { p.preempt(o) }
+
+// preempt does PREEMPT's work and records the preempted nexuses in
+// o.victims.
+func (p *prState) preempt(o *prOutReq) {
+	if o.keyMismatch(p) {
+		return
+	}
+	k := o.k
+	if p.held && (o.scope != 0 || !validPRType(o.typ)) {
+		if o.scope != 0 {
+			o.bad(invalidCDB(2, 7))
+		} else {
+			o.bad(invalidCDB(2, 3))
+		}
+		return
+	}
+	removeKey := func(key uint64) int {
+		nrem := 0
+		for i := 0; i < len(p.regs); {
+			if r := p.regs[i]; r.key == key && r.k != k {
+				o.victims = append(o.victims, r.k)
+				o.ua(r.k, uaRegsPreempted)
+				p.regs = append(p.regs[:i], p.regs[i+1:]...)
+				nrem++
+				continue
+			}
+			i++
+		}
+		return nrem
+	}
+	switch {
+	case p.held && allRegs(p.typ) && o.saKey == 0:
+		// Every other registrant goes; the preempter holds.
+		for _, r := range p.regs {
+			if r.k != k {
+				o.victims = append(o.victims, r.k)
+				o.ua(r.k, uaRegsPreempted)
+			}
+		}
+		p.regs = []prReg{p.regs[o.me]}
+		p.typ, p.holder = o.typ, k
+		p.gen++
+	case p.held && !allRegs(p.typ) && p.holderKey() == o.saKey:
+		oldTyp := p.typ
+		removeKey(o.saKey)
+		p.typ, p.holder = o.typ, k
+		if oldTyp != o.typ {
+			for _, r := range p.regs {
+				if r.k != k {
+					o.ua(r.k, uaResvReleased)
+				}
+			}
+		}
+		p.gen++
+	case o.saKey == 0:
+		o.bad(invalidParam(8, -1))
+	default:
+		if removeKey(o.saKey) == 0 {
+			o.conflict()
+			return
+		}
+		p.gen++
+	}
+}
+
+// outRegisterMove is REGISTER AND MOVE (registerMove).
+func (p *prState) outRegisterMove(o *prOutReq) {
+	o.status, o.sense = p.registerMove(o.k, o.me, o.resKey, o.saKey, o.typ, o.scope, o.data)
+	if !o.failed() {
+		o.setAPTPL = true
+	}
 }
 
 // registerMove is REGISTER AND MOVE (SPC-4 5.13.8): the holder registers

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 
+	"github.com/vmsan/vmsan/internal/alignbuf"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
@@ -264,7 +265,7 @@ func (c *cmd) writeSame() {
 		// whatever the data-out holds, and read as zeroes (LBPRZ=1).
 		c.submit(export.OpTrim, off, end-off, nil, true)
 		return
-	case unmap || pattern == nil || volrt.IsZero(pattern):
+	case unmap || pattern == nil || alignbuf.IsZero(pattern):
 		// Anchored, or zeroes written: the range stays allocated.
 		c.req = export.Request{Op: export.OpWriteZeroes, Offset: off, Length: end - off, NoHole: true, Inline: true, Done: c.onDone}
 		c.lu.dev.Submit(&c.req)
@@ -282,9 +283,6 @@ func (c *cmd) writeSame() {
 	c.req = export.Request{Op: export.OpWriteRepeat, Offset: off, Length: end - off, Data: buf, Done: c.onDone}
 	c.lu.dev.Submit(&c.req)
 }
-
-// unmapDesc is one validated UNMAP block descriptor.
-type unmapDesc struct{ lba, n uint64 }
 
 func (c *cmd) unmap() {
 	cdb := c.task.CDB

@@ -61,8 +61,6 @@ var (
 	senseWriteError       = senseInfo{key: KeyMediumError, asc: 0x0C}
 	senseInternalFailure  = senseInfo{key: KeyHardwareError, asc: 0x44}
 	senseAborted          = senseInfo{key: KeyAbortedCommand}
-	senseNotReady         = senseInfo{key: KeyNotReady, asc: 0x04}
-	senseSavingNotSupp    = senseInfo{key: KeyIllegalRequest, asc: 0x39}
 	senseInvalidRelease   = senseInfo{key: KeyIllegalRequest, asc: 0x26, ascq: 0x04}
 	senseMiscompare       = senseInfo{key: KeyMiscompare, asc: 0x1D}
 	senseTransitioning    = senseInfo{key: KeyNotReady, asc: 0x04, ascq: 0x0A}

@@ -84,9 +84,6 @@ func monotonicUsec() int64 {
 	return ts.Sec*1e6 + ts.Nsec/1e3
 }
 
-// Status updates the free-form status line `systemctl status` shows.
-func Status(status string) error { return Send("STATUS=" + oneLine(status)) }
-
 func withStatus(state, status string) string {
 	if status == "" {
 		return state

@@ -47,7 +47,7 @@ func TestSendPathAndAbstract(t *testing.T) {
 				{func() error { return Ready("serving 2 volumes") }, "READY=1\nSTATUS=serving 2 volumes"},
 				{func() error { return Stopping("draining") }, "STOPPING=1\nSTATUS=draining"},
 				// A newline in a status must not smuggle in another assignment.
-				{func() error { return Status("a\nREADY=1") }, "STATUS=a READY=1"},
+				{func() error { return Stopping("a\nREADY=1") }, "STOPPING=1\nSTATUS=a READY=1"},
 			} {
 				if err := c.send(); err != nil {
 					t.Fatal(err)

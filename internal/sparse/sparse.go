@@ -22,6 +22,7 @@ import (
 	"math"
 	"os"
 
+	"github.com/vmsan/vmsan/internal/alignbuf"
 	"golang.org/x/sys/unix"
 )
 
@@ -157,7 +158,7 @@ func writeNonZero(dst io.WriterAt, b []byte, off int64) error {
 	for i := 0; i < len(b); {
 		// Piece ends at the next Block boundary of the file offset.
 		j := min(len(b), i+Block-int((off+int64(i))%Block))
-		if isZero(b[i:j]) {
+		if alignbuf.IsZero(b[i:j]) {
 			if err := flush(i); err != nil {
 				return err
 			}
@@ -167,21 +168,6 @@ func writeNonZero(dst io.WriterAt, b []byte, off int64) error {
 		i = j
 	}
 	return flush(len(b))
-}
-
-func isZero(b []byte) bool {
-	for len(b) >= 8 {
-		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
-			return false
-		}
-		b = b[8:]
-	}
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // Allocated is the bytes a file has allocated on its filesystem

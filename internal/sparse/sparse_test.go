@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/vmsan/vmsan/internal/alignbuf"
 )
 
 // memWriter records every write, to check what Copy skips.
@@ -114,7 +116,7 @@ func TestCopyShortSource(t *testing.T) {
 	if err := Copy(context.Background(), w, bytes.NewReader(src), 2*chunk, Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(w.buf[:len(src)], src) || !isZero(w.buf[len(src):]) {
+	if !bytes.Equal(w.buf[:len(src)], src) || !alignbuf.IsZero(w.buf[len(src):]) {
 		t.Fatal("bytes past the end of the source are not zero")
 	}
 }

@@ -39,9 +39,10 @@
 //     engine that decides who replies to a request (the submitter when it
 //     completed inline, else the completion path).
 //   - Errno (errno.go): engine/backend error -> POSIX errno class; NBD maps
-//     it onto its error values, a SCSI front end onto sense data.
-//   - SplitHoles, IsZero (holes.go): data/hole pieces of a completed read,
-//     for structured replies (and later SCSI GET LBA STATUS).
+//     it onto its error values, the SCSI logical unit onto sense data.
+//   - SplitHoles (holes.go): data/hole pieces of a completed read, for
+//     NBD's structured replies (SCSI GET LBA STATUS reads the device's
+//     Extents directly).
 //   - GetBuf/PutBuf (bufpool.go): the aligned payload pool (alignbuf, shared
 //     with the backend's O_DIRECT bounce buffers).
 //   - Budget (budget.go): in-flight payload byte budgets, per connection,

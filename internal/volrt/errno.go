@@ -9,10 +9,12 @@ import (
 
 // Errno classifies an engine or backend error as the POSIX errno a front
 // end should report: one of EIO, ENOSPC, EPERM, EINVAL, ENOMEM, ESHUTDOWN,
-// EOPNOTSUPP. NBD maps these onto its error values one to one; a SCSI front
-// end maps them onto sense data (ENOSPC -> SPACE ALLOCATION FAILED, EPERM
-// -> DATA PROTECT, EINVAL -> ILLEGAL REQUEST, else MEDIUM ERROR); that
-// mapping belongs next to this one when the SCSI front end lands.
+// EOPNOTSUPP. NBD maps these onto its error values one to one
+// (nbd/server); the SCSI logical unit maps them onto sense data
+// (scsi.errSense: ENOSPC -> SPACE ALLOCATION FAILED, EPERM -> DATA
+// PROTECT, EINVAL -> LBA OUT OF RANGE, ENOMEM -> ABORTED COMMAND (the
+// initiator retries), ESHUTDOWN -> NOT READY, else MEDIUM ERROR or
+// HARDWARE ERROR).
 //
 // Errors a front end produces itself (protocol errors with a wire value of
 // their own) are for the front end to recognise before calling Errno.

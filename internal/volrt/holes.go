@@ -1,8 +1,7 @@
 package volrt
 
 import (
-	"bytes"
-
+	"github.com/vmsan/vmsan/internal/alignbuf"
 	"github.com/vmsan/vmsan/internal/export"
 )
 
@@ -37,7 +36,7 @@ func SplitHoles(ps []Piece, dev export.Device, off uint64, data []byte) []Piece 
 		if e.Length <= 0 || f <= s {
 			continue
 		}
-		hole := e.Zero && f-s >= MinHole && IsZero(data[s-off:f-off])
+		hole := e.Zero && f-s >= MinHole && alignbuf.IsZero(data[s-off:f-off])
 		if n := len(ps); n > 0 && ps[n-1].Hole == hole && ps[n-1].Off+ps[n-1].N == s {
 			ps[n-1].N += f - s
 			continue
@@ -51,19 +50,4 @@ func SplitHoles(ps []Piece, dev export.Device, off uint64, data []byte) []Piece 
 		return ps[:0]
 	}
 	return ps
-}
-
-var zeroPage [64 << 10]byte
-
-// IsZero reports whether b is all zero bytes (vectorised compare against a
-// zero page).
-func IsZero(b []byte) bool {
-	for len(b) > 0 {
-		n := min(len(b), len(zeroPage))
-		if !bytes.Equal(b[:n], zeroPage[:n]) {
-			return false
-		}
-		b = b[n:]
-	}
-	return true
 }

@@ -12,15 +12,24 @@ import (
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-// gatedBackend blocks writes until release is closed and counts them.
+// gatedBackend blocks writes until release is closed and counts them;
+// entered (when set) receives one value per write as it blocks, so a test
+// knows a write reached the backend rather than guessing with a sleep.
 type gatedBackend struct {
 	backend.Backend
 	release chan struct{}
+	entered chan struct{}
 	writes  atomic.Int64
 	syncs   atomic.Int64
 }
 
 func (g *gatedBackend) WritevAt(bufs [][]byte, off int64, fua bool) error {
+	if g.entered != nil {
+		select {
+		case g.entered <- struct{}{}:
+		default: // nobody waits for this one
+		}
+	}
 	<-g.release
 	g.writes.Add(1)
 	return g.Backend.WritevAt(bufs, off, fua)
@@ -32,7 +41,7 @@ func (g *gatedBackend) Sync() error { g.syncs.Add(1); return g.Backend.Sync() }
 // completed and the backend was synced; writes submitted while quiesced
 // reach the backend only after resume; reads keep flowing.
 func TestQuiesce(t *testing.T) {
-	g := &gatedBackend{Backend: backend.NewMem(1 << 20), release: make(chan struct{})}
+	g := &gatedBackend{Backend: backend.NewMem(1 << 20), release: make(chan struct{}), entered: make(chan struct{}, 1)}
 	v := New(volume.Meta{Name: "q", Size: 1 << 20, LogicalBlockSize: 512}, g, ioengine.Config{}, 1<<20)
 	defer v.Close()
 	var once sync.Once
@@ -49,7 +58,13 @@ func TestQuiesce(t *testing.T) {
 		return done
 	}
 	w1 := submit(export.OpWrite, 0)
-	time.Sleep(20 * time.Millisecond) // let w1 reach the (blocked) backend
+	// w1 must be in flight (blocked in the backend) before Quiesce, or the
+	// barrier would be queued ahead of it.
+	select {
+	case <-g.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first write did not reach the backend")
+	}
 	quiesced := make(chan func(), 1)
 	go func() {
 		resume, err := v.Quiesce()

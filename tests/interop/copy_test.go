@@ -164,7 +164,7 @@ func jsonStart(s string) string {
 func TestFioSequential4KMerged(t *testing.T) {
 	need(t, "fio")
 	if serverKind != servers.VMSAN {
-		t.Skip("engine counters are vmsan's")
+		t.Skip("engine counters are vmsan's") // skip: variant
 	}
 	// Two attempts on fresh volumes: a load spike on a shared CI machine
 	// can starve fio for a whole run. Broken merging fails both.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/tests/interop/servers"
 )
 
@@ -118,11 +119,7 @@ func buildGuest(t testing.TB) string {
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(repoRoot, "scripts", "guest", "build.sh"), dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		msg := "scripts/guest/build.sh failed: " + err.Error() + "\n" + string(out)
-		if inCI() {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		testutil.SkipOrFail(t, "scripts/guest/build.sh failed: %v\n%s", err, out)
 	}
 	return dir
 }

@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/tests/interop/servers"
 )
 
@@ -81,9 +82,6 @@ func testMain(m *testing.M) int {
 	return m.Run()
 }
 
-// inCI reports whether missing tools must fail rather than skip.
-func inCI() bool { return os.Getenv("CI") != "" }
-
 // need checks that every tool is on PATH: fatal in CI, skip locally.
 func need(t testing.TB, tools ...string) {
 	t.Helper()
@@ -96,11 +94,7 @@ func need(t testing.TB, tools ...string) {
 	if len(missing) == 0 {
 		return
 	}
-	msg := fmt.Sprintf("missing tools: %s (make test installs them)", strings.Join(missing, ", "))
-	if inCI() {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testutil.SkipOrFail(t, "missing tools: %s (make test installs them)", strings.Join(missing, ", "))
 }
 
 // needServer checks the tools the server under test needs.

@@ -218,7 +218,7 @@ func TestUnixSocketListener(t *testing.T) {
 	t.Parallel()
 	need(t, "qemu-io", "nbdinfo")
 	if serverKind != servers.VMSAN {
-		t.Skip("the anchors are started with a TCP listener only")
+		t.Skip("the anchors are started with a TCP listener only") // skip: variant
 	}
 	// Unix socket paths are limited to 108 bytes: keep it short.
 	sockDir, err := os.MkdirTemp("", "vi")

@@ -28,7 +28,7 @@ import (
 // test shows what the option buys).
 func TestQEMUReconnectDelay(t *testing.T) {
 	if serverKind != servers.VMSAN {
-		t.Skip("vmsan-specific (restarts a vmsan serve)")
+		t.Skip("vmsan-specific (restarts a vmsan serve)") // skip: variant
 	}
 	testutil.NeedTool(t, "qemu-io")
 	for _, delay := range []int{15, 0} {

@@ -88,7 +88,7 @@ func (q *qmp) cmd(name string, args any) (json.RawMessage, string) {
 // see the device's size.
 func TestGrowUnderRunningQEMU(t *testing.T) {
 	if serverKind != servers.VMSAN {
-		t.Skip("resizes with vmsan volume resize")
+		t.Skip("resizes with vmsan volume resize") // skip: variant
 	}
 	need(t, "qemu-system-x86_64")
 	tg := newTarget(t, 64*MiB)

@@ -29,7 +29,7 @@ func TestQemuSequential4KWritesVsQemuNBD(t *testing.T) {
 	testutil.NeedBenchCheck(t)
 	need(t, "qemu-img", "qemu-nbd")
 	if serverKind != servers.VMSAN {
-		t.Skip("compares vmsan with qemu-nbd")
+		t.Skip("compares vmsan with qemu-nbd") // skip: variant
 	}
 	const size = 128 * MiB
 	const count = 20000 // 78 MiB of 4 KiB writes

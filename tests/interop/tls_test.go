@@ -24,7 +24,7 @@ import (
 func TestTLSClientCertKeyTypes(t *testing.T) {
 	t.Parallel()
 	if serverKind == servers.NBDServer {
-		t.Skip("servers.Options.TLSDir does not support nbd-server")
+		t.Skip("servers.Options.TLSDir does not support nbd-server") // skip: variant
 	}
 	testutil.NeedTool(t, "nbdinfo")
 	testutil.NeedTool(t, "qemu-img")

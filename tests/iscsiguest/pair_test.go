@@ -312,7 +312,7 @@ func parseRTPG(line string) map[int]int {
 // first write completed on b; the longest writer stall.
 func TestGuestPairFailover(t *testing.T) {
 	if k := os.Getenv("VMSAN_ISCSI_TARGET"); k != "" && k != "vmsan" {
-		t.Skipf("VMSAN_ISCSI_TARGET=%s: the pair test runs two vmsan nodes", k)
+		t.Skipf("VMSAN_ISCSI_TARGET=%s: the pair test runs two vmsan nodes", k) // skip: variant
 	}
 	guest := buildGuest(t)
 	bin := buildVmsan(t)

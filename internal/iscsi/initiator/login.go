@@ -100,7 +100,6 @@ type loginConn struct {
 	itt     uint32
 	cmdSN   uint32
 	expStat uint32
-	first   bool
 	tsih    uint16
 	sns     pdu.StatusSNs
 }

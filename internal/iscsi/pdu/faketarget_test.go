@@ -85,7 +85,6 @@ type connState struct {
 	discovery        bool
 	authDone         bool
 	ch               chap.Challenge
-	chapStep         int
 	acc              text.Accumulator
 	offers           map[string]string
 	sentTPGT         bool

@@ -23,6 +23,36 @@ type testServer struct {
 	lu   *ramLU
 }
 
+// waitAborted waits until a task management function has marked the task
+// itt of some session aborted (it then waits for the task to end): the
+// point a test must reach before it lets the task complete.
+func (ts *testServer) waitAborted(t *testing.T, itt uint32) {
+	t.Helper()
+	aborted := func() bool {
+		ts.srv.mu.Lock()
+		var ss []*session
+		for _, s := range ts.srv.byTSIH {
+			ss = append(ss, s)
+		}
+		ts.srv.mu.Unlock()
+		for _, s := range ss {
+			s.mu.Lock()
+			tk := s.tasks[itt]
+			a := tk != nil && tk.aborted
+			s.mu.Unlock()
+			if a {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); !aborted(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("task %d was not marked aborted", itt)
+		}
+	}
+}
+
 // startServer serves one target with a RAM LU on a loopback port.
 func startServer(t *testing.T, mod func(*Config, *Target)) *testServer {
 	t.Helper()

@@ -2,7 +2,6 @@ package target
 
 import (
 	"bufio"
-	"errors"
 	"hash/crc32"
 	"net"
 	"sync"
@@ -512,5 +511,3 @@ func (c *conn) pinger(stop chan struct{}) {
 func pingTick(iv, to time.Duration) time.Duration {
 	return max(min(iv, to)/10, 10*time.Millisecond)
 }
-
-var errProtocol = errors.New("iscsi target: protocol error")

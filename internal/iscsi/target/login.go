@@ -20,7 +20,6 @@ type loginState struct {
 	acc      text.Accumulator
 	statSN   uint32
 	declared bool // our MaxRecvDataSegmentLength was sent
-	sentTPGT bool
 
 	initiator  string
 	targetName string // as the initiator asked, for logs

@@ -27,7 +27,18 @@ func TestServePortNexus(t *testing.T) {
 	}
 	// Started in the reverse order of their ids.
 	go srv.ServePort(lns[1], 6, 9)
-	time.Sleep(20 * time.Millisecond)
+	// The second starts only once the first is registered (the order is
+	// what the test is about).
+	registered := func() int {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.lnOrder)
+	}
+	for deadline := time.Now().Add(10 * time.Second); registered() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first portal was not registered")
+		}
+	}
 	go srv.ServePort(lns[0], 5, 7)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

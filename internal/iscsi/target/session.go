@@ -383,8 +383,6 @@ func (ss *session) acceptCmdSN(sn uint32) bool {
 	return true
 }
 
-var errLogout = errors.New("logged out")
-
 func (ss *session) handle(f pdu.Frame) error {
 	switch h := f.Header.(type) {
 	case *pdu.NOPOut:
@@ -485,6 +483,8 @@ func senseFixed(key, asc, ascq byte) []byte {
 // takes nothing of the daemon-wide budget (see command).
 const noBudgetIn = 4096
 
+// command takes one SCSI Command PDU: CmdSN window, PDU checks, the task,
+// the budgets, then either R2Ts for the data still to come or execution.
 func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	counted := false
 	if !h.Immediate {
@@ -493,51 +493,15 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		}
 		counted = true
 	}
-	bad := func(reason pdu.RejectReason) error {
+	ahs, reason, ok := ss.checkCommand(h, f)
+	if !ok {
 		ss.reject(reason, f.BHS)
 		if counted {
 			ss.slotDone()
 		}
 		return nil
 	}
-	if ss.loggingOut {
-		return bad(pdu.RejectWaitingForLogout)
-	}
-	ahs, err := pdu.ParseAHS(f.AHS)
-	if err != nil {
-		return bad(pdu.RejectProtocolError)
-	}
-	edtl := h.ExpectedDataTransferLength
-	if len(f.Data) > 0 && (!h.Write || uint32(len(f.Data)) > edtl || !ss.params.ImmediateData ||
-		len(f.Data) > int(ss.params.FirstBurstLength)) {
-		return bad(pdu.RejectProtocolError)
-	}
-	if h.Write && !h.Final && ss.params.InitialR2T {
-		// Unsolicited Data-Out announced where InitialR2T=Yes forbids it.
-		return bad(pdu.RejectProtocolError)
-	}
-	ss.mu.Lock()
-	_, dup := ss.tasks[h.ITT]
-	ss.mu.Unlock()
-	if dup || h.ITT == pdu.ReservedTag {
-		return bad(pdu.RejectInvalidPDUField)
-	}
-	t := &task{itt: h.ITT, rawLUN: h.LUN, lun: decodeLUN(h.LUN), counted: counted,
-		attr: scsiAttr(h.Attr), done: make(chan struct{})}
-	if len(ahs) == 0 {
-		t.cdbArr = h.CDB
-		t.cdb = t.cdbArr[:]
-	} else {
-		t.cdb = pdu.FullCDB(h, ahs)
-	}
-	if h.Write {
-		t.expOut = edtl
-		if h.Read {
-			t.expIn, _ = pdu.BidiRead(ahs)
-		}
-	} else if h.Read {
-		t.expIn = edtl
-	}
+	t := newTask(h, ahs, counted)
 	ss.s.commands.Add(1)
 	if ss.c.draining.Load() {
 		// Shutting down: the command is not started; the initiator
@@ -547,24 +511,100 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 		}
 		return nil
 	}
-	answer := func(status uint8, sense []byte) error {
-		r := &scsi.Result{Status: status, Sense: sense}
-		if t.expIn > 0 {
-			r.Underflow, r.Residual = true, t.expIn
-		} else if t.expOut > 0 {
-			r.Underflow, r.Residual = true, t.expOut
-		}
-		o := &out{task: t, res: r}
-		if counted {
-			o.then = ss.slotDone
-		}
-		ss.c.send(o)
-		return nil
-	}
 	if uint64(t.expOut)+uint64(t.expIn) > uint64(ss.s.cfg.MaxTransfer) {
 		ss.s.checks.Add(1)
-		return answer(0x02, senseFixed(0x05, 0x24, 0x00)) // ILLEGAL REQUEST, INVALID FIELD IN CDB
+		ss.answer(t, 0x02, senseFixed(0x05, 0x24, 0x00)) // ILLEGAL REQUEST, INVALID FIELD IN CDB
+		return nil
 	}
+	ss.mu.Lock()
+	if st := ss.admitLocked(t, len(f.Data)); st != 0 {
+		ss.mu.Unlock()
+		ss.answer(t, st, nil)
+		return nil
+	}
+	r2ts, waits := ss.takeImmediateLocked(t, h, f)
+	ss.mu.Unlock()
+	if waits {
+		ss.sendR2Ts(r2ts)
+		return nil
+	}
+	ss.execute(t)
+	return nil
+}
+
+// checkCommand checks a SCSI Command PDU against the session (logout in
+// progress, AHS, immediate and unsolicited data allowed by the login
+// parameters, a tag in use); ok=false gives the Reject reason.
+func (ss *session) checkCommand(h *pdu.SCSICommand, f pdu.Frame) (ahs []pdu.AHS, reason pdu.RejectReason, ok bool) {
+	if ss.loggingOut {
+		return nil, pdu.RejectWaitingForLogout, false
+	}
+	ahs, err := pdu.ParseAHS(f.AHS)
+	if err != nil {
+		return nil, pdu.RejectProtocolError, false
+	}
+	edtl := h.ExpectedDataTransferLength
+	if len(f.Data) > 0 && (!h.Write || uint32(len(f.Data)) > edtl || !ss.params.ImmediateData ||
+		len(f.Data) > int(ss.params.FirstBurstLength)) {
+		return nil, pdu.RejectProtocolError, false
+	}
+	if h.Write && !h.Final && ss.params.InitialR2T {
+		// Unsolicited Data-Out announced where InitialR2T=Yes forbids it.
+		return nil, pdu.RejectProtocolError, false
+	}
+	ss.mu.Lock()
+	_, dup := ss.tasks[h.ITT]
+	ss.mu.Unlock()
+	if dup || h.ITT == pdu.ReservedTag {
+		return nil, pdu.RejectInvalidPDUField, false
+	}
+	return ahs, 0, true
+}
+
+// newTask is the task of a checked SCSI Command PDU: its CDB (with an
+// extended CDB AHS) and expected data lengths in each direction.
+func newTask(h *pdu.SCSICommand, ahs []pdu.AHS, counted bool) *task {
+	t := &task{itt: h.ITT, rawLUN: h.LUN, lun: decodeLUN(h.LUN), counted: counted,
+		attr: scsiAttr(h.Attr), done: make(chan struct{})}
+	if len(ahs) == 0 {
+		t.cdbArr = h.CDB
+		t.cdb = t.cdbArr[:]
+	} else {
+		t.cdb = pdu.FullCDB(h, ahs)
+	}
+	edtl := h.ExpectedDataTransferLength
+	if h.Write {
+		t.expOut = edtl
+		if h.Read {
+			t.expIn, _ = pdu.BidiRead(ahs)
+		}
+	} else if h.Read {
+		t.expIn = edtl
+	}
+	return t
+}
+
+// answer ends a task the transport answers itself, without executing it
+// (no data moved: the whole expected transfer is the residual).
+func (ss *session) answer(t *task, status uint8, sense []byte) {
+	r := &scsi.Result{Status: status, Sense: sense}
+	if t.expIn > 0 {
+		r.Underflow, r.Residual = true, t.expIn
+	} else if t.expOut > 0 {
+		r.Underflow, r.Residual = true, t.expOut
+	}
+	o := &out{task: t, res: r}
+	if t.counted {
+		o.then = ss.slotDone
+	}
+	ss.c.send(o)
+}
+
+// admitLocked takes t's share of the session's and the daemon's budgets
+// and registers t in the session, or returns the status to refuse it with
+// (BUSY, TASK SET FULL: the initiator retries); 0 means admitted. have is
+// the immediate data that came with the command. REQUIRES: mu.
+func (ss *session) admitLocked(t *task, have int) (refusal uint8) {
 	need := int64(t.expOut) + int64(t.expIn)
 	// A command that moves no write data and at most noBudgetIn bytes of
 	// read data (INQUIRY, TEST UNIT READY, READ CAPACITY, MODE SENSE,
@@ -579,23 +619,19 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	// Data-Out to come) waits for the initiator: over all sessions such
 	// commands hold at most the awaiting share of the daemon budget, so
 	// initiators that withhold data cannot take the rest.
-	waits := t.expOut > uint32(len(f.Data))
-	ss.mu.Lock()
+	waits := t.expOut > uint32(have)
 	if ss.used > 0 && ss.used+need > ss.s.cfg.SessionBudget {
-		ss.mu.Unlock()
-		return answer(0x08, nil) // BUSY: the initiator retries
+		return 0x08 // BUSY: the initiator retries
 	}
-	refuse := func() error {
+	refuse := func() uint8 {
 		// SAM-5 5.3: TASK SET FULL when the nexus has commands in the
 		// task set (Linux then lowers the queue depth), BUSY when it has
 		// none; both are retried by the initiator.
-		busy := ss.used == 0
-		ss.mu.Unlock()
 		ss.s.budgetRefused.Add(1)
-		if busy {
-			return answer(0x08, nil) // BUSY
+		if ss.used == 0 {
+			return 0x08 // BUSY
 		}
-		return answer(0x28, nil) // TASK SET FULL
+		return 0x28 // TASK SET FULL
 	}
 	if waits && global > 0 && !ss.s.takeAwaiting(global) {
 		if g := ss.s.cfg.Budget; g != nil {
@@ -624,32 +660,36 @@ func (ss *session) command(h *pdu.SCSICommand, f pdu.Frame) error {
 	ss.used += need
 	t.budget, t.global = need, global
 	ss.tasks[t.itt] = t
-	if t.expOut > 0 {
-		if p := ss.immBuf; p != nil && len(*p) == int(t.expOut) {
-			// The reader put the immediate data in place (dataBuffer).
-			t.bufp, ss.immBuf = p, nil
-		} else {
-			t.bufp = volrt.GetBuf(int(t.expOut))
-			copy(*t.bufp, f.Data)
-		}
-		t.buf = *t.bufp
-		t.received = uint32(len(f.Data))
-		t.unsolNext = t.received
-		t.unsolEnd = t.received
-		if !h.Final {
-			t.unsolEnd = min(uint32(ss.params.FirstBurstLength), t.expOut)
-		}
-		t.nextR2T = t.unsolEnd
-		if t.received < t.expOut {
-			r2ts := ss.moreR2Ts(t)
-			ss.mu.Unlock()
-			ss.sendR2Ts(r2ts)
-			return nil
-		}
+	return 0
+}
+
+// takeImmediateLocked gives an admitted write its buffer with the
+// immediate data in it; waits says data is still to come, with the R2Ts
+// to send for it (none while only unsolicited Data-Out is due).
+// REQUIRES: mu.
+func (ss *session) takeImmediateLocked(t *task, h *pdu.SCSICommand, f pdu.Frame) (r2ts []*r2t, waits bool) {
+	if t.expOut == 0 {
+		return nil, false
 	}
-	ss.mu.Unlock()
-	ss.execute(t)
-	return nil
+	if p := ss.immBuf; p != nil && len(*p) == int(t.expOut) {
+		// The reader put the immediate data in place (dataBuffer).
+		t.bufp, ss.immBuf = p, nil
+	} else {
+		t.bufp = volrt.GetBuf(int(t.expOut))
+		copy(*t.bufp, f.Data)
+	}
+	t.buf = *t.bufp
+	t.received = uint32(len(f.Data))
+	t.unsolNext = t.received
+	t.unsolEnd = t.received
+	if !h.Final {
+		t.unsolEnd = min(uint32(ss.params.FirstBurstLength), t.expOut)
+	}
+	t.nextR2T = t.unsolEnd
+	if t.received < t.expOut {
+		return ss.moreR2Ts(t), true
+	}
+	return nil, false
 }
 
 // releaseBudget gives back what t holds of the session's and the

@@ -391,7 +391,7 @@ func TestAbortTask(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	i.send(&pdu.TaskMgmtRequest{Immediate: true, Function: pdu.TMFAbortTask, ITT: 8, ReferencedTaskTag: 7, CmdSN: i.cmdSN, RefCmdSN: i.cmdSN - 1}, nil)
-	time.Sleep(50 * time.Millisecond) // the TMF is waiting for task 7
+	ts.waitAborted(t, 7) // the TMF is waiting for task 7
 	close(ts.lu.block)
 	tm, _ := expect[*pdu.TaskMgmtResponse](i)
 	if tm.ITT != 8 || tm.Response != pdu.TMFFunctionComplete {

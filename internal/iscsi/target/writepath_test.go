@@ -72,7 +72,7 @@ func (i *ini) writeBurst(buf *[]byte, itt uint32, payload []byte, mrdsl, firstBu
 // with immediate data needs no R2T, a 1 MiB one exactly one.
 func TestWritePathNoCopy(t *testing.T) {
 	if raceEnabled {
-		t.Skip("the race detector allocates")
+		t.Skip("the race detector allocates") // skip: race
 	}
 	ts := startServer(t, nil)
 	i := dial(t, ts.addr)

@@ -229,15 +229,6 @@ func (c *Conn) WriteAt(p []byte, off int64) (int, error) {
 	return c.rw(proto.CmdWrite, 0, p, off)
 }
 
-// WriteAtFUA writes p at off with NBD_CMD_FLAG_FUA (durable on reply).
-func (c *Conn) WriteAtFUA(p []byte, off int64) (int, error) {
-	var f proto.CmdFlag
-	if c.ex.Has(proto.FlagSendFUA) {
-		f = proto.CmdFlagFUA
-	}
-	return c.rw(proto.CmdWrite, f, p, off)
-}
-
 func (c *Conn) rw(cmd proto.Cmd, flags proto.CmdFlag, p []byte, off int64) (int, error) {
 	max := int(c.ex.MaxBlock)
 	if len(p) <= max {

@@ -385,13 +385,24 @@ func TestCloseWithStuckRequest(t *testing.T) {
 	old := closeTimeout
 	closeTimeout = 200 * time.Millisecond
 	defer func() { closeTimeout = old }()
-	c := dial(t, fakeServer(t, func(net.Conn, proto.Request) { time.Sleep(5 * time.Second) }), nil)
+	got := make(chan struct{}, 1)
+	c := dial(t, fakeServer(t, func(net.Conn, proto.Request) {
+		select {
+		case got <- struct{}{}:
+		default:
+		}
+		time.Sleep(5 * time.Second)
+	}), nil)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := c.ReadAt(make([]byte, 512), 0)
 		errc <- err
 	}()
-	time.Sleep(50 * time.Millisecond)
+	select { // the request is at the server, unanswered
+	case <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the read did not reach the server")
+	}
 	done := make(chan struct{})
 	go func() { c.Close(); close(done) }()
 	select {
@@ -409,7 +420,7 @@ func TestCloseWithStuckRequest(t *testing.T) {
 // buffer, replies read straight into the caller's buffer).
 func TestNoAllocsPerRequest(t *testing.T) {
 	if raceDetector {
-		t.Skip("the race detector defeats sync.Pool; allocation bounds only hold without -race")
+		t.Skip("the race detector defeats sync.Pool; allocation bounds only hold without -race") // skip: race
 	}
 	uri := nbdkit(t, "memory", "16M")
 	c := dial(t, uri, &Options{Connections: 1})

@@ -50,7 +50,7 @@ func pipelined(tb testing.TB, rc *rawClient, write bool, depth, batches int) {
 // (server, engine and Mem backend together) in steady state.
 func TestAllocsPerRequest(t *testing.T) {
 	if testing.Short() || raceEnabled {
-		t.Skip("short mode or race detector (which defeats sync.Pool)")
+		t.Skip("short mode or race detector (which defeats sync.Pool)") // skip: race
 	}
 	for _, write := range []bool{false, true} {
 		dev := exporttest.NewMemDevice(t, "disk", 1<<20)

@@ -60,10 +60,19 @@ func TestCompoundRequestsReplicated(t *testing.T) {
 }
 
 // slowReads delays every backend read: a read-modify-write's read takes
-// long enough for another client's write to arrive during it.
-type slowReads struct{ backend.Backend }
+// long enough for another client's write to arrive during it. Each read
+// signals reading as it starts, so the test sends that write once the
+// read is in flight rather than after a guessed sleep.
+type slowReads struct {
+	backend.Backend
+	reading chan struct{}
+}
 
 func (b slowReads) ReadvAt(bufs [][]byte, off int64) error {
+	select {
+	case b.reading <- struct{}{}:
+	default: // a signal is pending already
+	}
 	time.Sleep(2 * time.Millisecond)
 	return b.Backend.ReadvAt(bufs, off)
 }
@@ -82,7 +91,8 @@ func TestCompareWriteAtomicReplicated(t *testing.T) {
 	sb.Listen, sb.Peer, sb.NodeID, sb.Role, sb.Dial = bAddr, aAddr, 2, "secondary", "no"
 	os.MkdirAll(filepath.Join(base, "a"), 0o755)
 	os.MkdirAll(filepath.Join(base, "b"), 0o755)
-	a := newNode(t, filepath.Join(base, "a"), 4<<20, sa, func(b backend.Backend) backend.Backend { return slowReads{b} })
+	reading := make(chan struct{}, 1)
+	a := newNode(t, filepath.Join(base, "a"), 4<<20, sa, func(b backend.Backend) backend.Backend { return slowReads{b, reading} })
 	b := newNode(t, filepath.Join(base, "b"), 4<<20, sb, nil)
 	t.Cleanup(func() { a.stop(); b.stop() })
 	waitFor(t, "connect", 10*time.Second, connected(a))
@@ -97,10 +107,18 @@ func TestCompareWriteAtomicReplicated(t *testing.T) {
 			t.Fatal(err)
 		}
 		cr := make(chan error, 1)
+		select { // forget an earlier read's signal: no read is in flight
+		case <-reading:
+		default:
+		}
 		caw := &export.Request{Op: export.OpCompareWrite, Offset: off, Length: n, Data: append(append([]byte(nil), A...), B...), Aux: make([]byte, n),
 			Done: func(r *export.Request) { cr <- r.Err }}
 		a.front.Submit(caw)
-		time.Sleep(500 * time.Microsecond) // the compare-and-write's read is in flight
+		select { // the compare-and-write's read is in flight
+		case <-reading:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the compare-and-write did not read")
+		}
 		wr := make(chan error, 1)
 		other.Submit(&export.Request{Op: export.OpWrite, Offset: off, Length: n, Data: C, Done: func(r *export.Request) { wr <- r.Err }})
 		if err := <-wr; err != nil {

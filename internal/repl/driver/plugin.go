@@ -1,7 +1,6 @@
 package driver
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/httpjson"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/role"
@@ -129,7 +129,7 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 	})
 	d.Handle("POST /v1/repl/{volume}/{op}", http.HandlerFunc(p.handle))
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, p.Statuses())
+		httpjson.Write(w, http.StatusOK, p.Statuses())
 	}))
 	return nil
 }
@@ -203,7 +203,7 @@ func requestedBy(req *http.Request) string {
 func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	r := p.replica(req.PathValue("volume"))
 	if r == nil {
-		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found", Message: fmt.Sprintf("volume %q is not replicated on this node", req.PathValue("volume"))})
+		httpjson.Write(w, http.StatusNotFound, daemon.APIError{Code: "not_found", Message: fmt.Sprintf("volume %q is not replicated on this node", req.PathValue("volume"))})
 		return
 	}
 	var err error
@@ -221,10 +221,10 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 			if errors.Is(err, role.ErrInProgress) {
 				code = "busy"
 			}
-			writeJSON(w, http.StatusConflict, daemon.APIError{Code: code, Message: err.Error()})
+			httpjson.Write(w, http.StatusConflict, daemon.APIError{Code: code, Message: err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusOK, r.Status())
+		httpjson.Write(w, http.StatusOK, r.Status())
 		return
 	}
 	switch op {
@@ -237,15 +237,15 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	case "disconnect":
 		err = r.Disconnect()
 	default:
-		writeJSON(w, http.StatusNotFound, daemon.APIError{Code: "not_found",
+		httpjson.Write(w, http.StatusNotFound, daemon.APIError{Code: "not_found",
 			Message: fmt.Sprintf("unknown replication operation %q (want promote, promote-force, demote, demote-force, verify, connect, connect-discard-my-data or disconnect)", op)})
 		return
 	}
 	if err != nil {
-		writeJSON(w, http.StatusConflict, daemon.APIError{Code: "conflict", Message: err.Error()})
+		httpjson.Write(w, http.StatusConflict, daemon.APIError{Code: "conflict", Message: err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusOK, r.Status())
+	httpjson.Write(w, http.StatusOK, r.Status())
 }
 
 // WrapDevice routes a replicated volume's client I/O through replication.
@@ -271,14 +271,6 @@ func (p *Plugin) Stop() error {
 	}
 	clear(p.devByName)
 	return errors.Join(errs...)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
 }
 
 // Configure writes a volume's replication settings (a new NodeID when the

@@ -46,6 +46,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/alignbuf"
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
@@ -662,7 +663,7 @@ func (r *Replica) readPieces(rd repl.Read) ([]repl.ReadPiece, error) {
 		if err != nil {
 			return nil, err
 		}
-		return []repl.ReadPiece{{Offset: rd.Offset, Length: rd.Length, Zero: isZero(b), Hash: hashOf(b)}}, nil
+		return []repl.ReadPiece{{Offset: rd.Offset, Length: rd.Length, Zero: alignbuf.IsZero(b), Hash: hashOf(b)}}, nil
 	}
 	exts, err := r.dev.Extents(rd.Offset, rd.Length)
 	if err != nil || len(exts) == 0 {
@@ -694,7 +695,7 @@ func (r *Replica) readPieces(rd repl.Read) ([]repl.ReadPiece, error) {
 		for off := int64(0); off < int64(len(b)); {
 			l := min(int64(repl.ChunkSize)-(s+off)%repl.ChunkSize, int64(len(b))-off)
 			c := b[off : off+l]
-			if isZero(c) {
+			if alignbuf.IsZero(c) {
 				add(repl.ReadPiece{Offset: s + off, Length: l, Zero: true})
 			} else if n := len(out); !rd.WantHash && n > 0 && !out[n-1].Zero && out[n-1].Offset+out[n-1].Length == s+off {
 				out[n-1].Length += l

@@ -94,21 +94,6 @@ func (c *compQueue) take() []completion {
 	return q
 }
 
-func isZero(b []byte) bool {
-	for len(b) >= 8 {
-		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
-			return false
-		}
-		b = b[8:]
-	}
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 func hashOf(b []byte) [repl.HashSize]byte { return sha256.Sum256(b) }
 
 var (

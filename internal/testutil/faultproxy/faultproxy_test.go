@@ -227,7 +227,7 @@ func TestFollowTarget(t *testing.T) {
 	// learns that the target is down), clients are refused.
 	tln, err = net.Listen("tcp", target)
 	if err != nil {
-		t.Skipf("target address taken meanwhile: %v", err)
+		t.Skipf("target address taken meanwhile: %v", err) // skip: port
 	}
 	go serve(tln)
 	for deadline := time.Now().Add(10 * time.Second); echo() != nil; time.Sleep(20 * time.Millisecond) {
@@ -252,7 +252,7 @@ func TestFollowTarget(t *testing.T) {
 	// The target comes back on its address: the proxy forwards again.
 	tln, err = net.Listen("tcp", target)
 	if err != nil {
-		t.Skipf("target address taken meanwhile: %v", err)
+		t.Skipf("target address taken meanwhile: %v", err) // skip: port
 	}
 	defer tln.Close()
 	go serve(tln)

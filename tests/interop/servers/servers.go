@@ -395,12 +395,6 @@ func commandLine(kind Kind, o Options, port int, tmp string) ([]string, error) {
 // PID of the server process.
 func (s *Server) PID() int { return s.pid() }
 
-// Done is closed when the server process has exited.
-func (s *Server) Done() <-chan struct{} { return s.done }
-
-// ExitErr is the process's exit status; valid after Done is closed.
-func (s *Server) ExitErr() error { return s.waitErr }
-
 // Stop sends SIGTERM (a graceful stop: vmsan drains and flushes) and waits up
 // to 20 s, then SIGKILLs the process group. It returns the process's exit
 // error, or an error if it had to be killed.

@@ -149,6 +149,9 @@ type observer struct {
 	buckets [len(ackBounds) + 1]atomic.Uint64 // ackBounds, then +Inf
 	sumNs   atomic.Int64
 	pending atomic.Int64 // client writes waiting for the node's release
+	// metaHeld: a metadata write failed transiently and is being retried
+	// (acknowledgements wait for it).
+	metaHeld atomic.Bool
 }
 
 // ackSent records the send time of a replicated write. REQUIRES: loop.

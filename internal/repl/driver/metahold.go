@@ -77,6 +77,8 @@ func (r *Replica) persist(p repl.Persist) error {
 	if err != nil && netutil.OutOfFDs(err) {
 		if res := fdReserve(); res.Release() > 0 {
 			err = r.st.persist(p)
+			r.metaLog.warn(r.log, "reserve", "out of file descriptors: released the descriptor reserve for a replication metadata write",
+				"err_after", err)
 			res.Refill()
 		}
 	}

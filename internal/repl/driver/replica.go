@@ -72,6 +72,9 @@ type Options struct {
 	// changes; the plugin tells the role controller (role.Controller.
 	// Observe), which publishes the role to the front ends.
 	OnRole func(repl.Role)
+	// FS is the filesystem meta.json, bitmap.bin and al.bin are written through
+	// (nil: the real one); tests inject failures with it.
+	FS vfs.FS
 }
 
 // Replica is one replicated volume on this node.
@@ -228,12 +231,12 @@ func Start(o Options) (*Replica, error) {
 	if err := vfs.MkdirAllSync(vfs.OS, o.Dir, dirMode); err != nil {
 		return nil, err
 	}
-	st := &state{dir: o.Dir}
+	st := &state{fs: o.FS, dir: o.Dir}
 	m, words, al, found, err := st.load()
 	if err != nil {
 		return nil, err
 	}
-	if st.al, err = openALFile(o.Dir); err != nil {
+	if st.al, err = openALFileFS(st.fsys(), o.Dir); err != nil {
 		return nil, err
 	}
 	if len(al) == 1 && al[0] == -1 {

@@ -25,6 +25,8 @@ type conn struct {
 	nc  net.Conn // the raw connection (closing it unblocks everything)
 	rw  net.Conn // nc, or the TLS connection on top of it after STARTTLS
 	log *slog.Logger
+	// pendingHS: counted in s.pendingHS (under s.mu).
+	pendingHS bool
 
 	tls        bool
 	noZeroes   bool
@@ -67,6 +69,17 @@ func (c *conn) stop() {
 	})
 }
 
+// handshakeOver takes the connection out of the handshake count
+// (MaxPendingHandshakes), once. Safe to call many times.
+func (c *conn) handshakeOver() {
+	c.s.mu.Lock()
+	if c.pendingHS {
+		c.pendingHS = false
+		c.s.pendingHS--
+	}
+	c.s.mu.Unlock()
+}
+
 func (c *conn) isStopped() bool {
 	select {
 	case <-c.stopped:
@@ -102,6 +115,7 @@ func (c *conn) serve() {
 		return
 	}
 	c.nc.SetDeadline(time.Time{})
+	c.handshakeOver()
 	if c.isStopped() {
 		c.dev.Release()
 		return

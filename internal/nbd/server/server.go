@@ -71,9 +71,16 @@ type Config struct {
 	// greeting, so the client learns at once instead of waiting in the
 	// listen backlog.
 	MaxConns int
-	// HandshakeTimeout bounds option haggling (default 30s), so a client
-	// that connects and says nothing cannot hold a goroutine forever.
+	// HandshakeTimeout bounds the whole handshake, from accept to the
+	// start of transmission (default 30s): a client that connects and says
+	// nothing, or trickles its options, is closed when it expires.
 	HandshakeTimeout time.Duration
+	// MaxPendingHandshakes bounds the connections still in the handshake
+	// (default 64): past it a new connection is closed right after
+	// accept, so a flood of silent connections costs at most this many
+	// descriptors for HandshakeTimeout each, and never takes the
+	// descriptors of clients that completed their handshake.
+	MaxPendingHandshakes int
 	// StructuredReadHoles enables OFFSET_HOLE chunks for reads of at least
 	// this many bytes (default 64 KiB; smaller reads always send data,
 	// because asking the device for extents costs more than sending a
@@ -95,7 +102,7 @@ type Stats struct {
 	Panics           uint64 // recovered panics (each is a bug)
 	HoleChunks       uint64 // OFFSET_HOLE chunks sent
 	InflightRequests int64
-	ConnsRefused     uint64 // connections closed for MaxConns
+	ConnsRefused     uint64 // connections closed for MaxConns or MaxPendingHandshakes
 }
 
 type counters struct {
@@ -119,6 +126,10 @@ type Server struct {
 	closing   bool
 	connWG    sync.WaitGroup
 	refusals  volrt.RateLog
+	// pendingHS counts connections in the handshake (under mu);
+	// hsRefusals rate-limits the log of those refused past the cap.
+	pendingHS  int
+	hsRefusals volrt.RateLog
 }
 
 // New returns a Server; it does not listen until Serve.
@@ -141,6 +152,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 30 * time.Second
+	}
+	if cfg.MaxPendingHandshakes <= 0 {
+		cfg.MaxPendingHandshakes = 64
 	}
 	if cfg.StructuredReadHoles == 0 {
 		cfg.StructuredReadHoles = 64 << 10
@@ -225,6 +239,19 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		nc.Close()
 		return
 	}
+	if s.pendingHS >= s.cfg.MaxPendingHandshakes {
+		s.mu.Unlock()
+		s.ctr.connsRefused.Add(1)
+		if ok, n := s.hsRefusals.Allow(); ok {
+			s.log.Warn("nbd: connection refused: too many connections still in the handshake (max_pending_handshakes)",
+				"remote", nc.RemoteAddr().String(), "max_pending_handshakes", s.cfg.MaxPendingHandshakes,
+				"handshake_timeout", s.cfg.HandshakeTimeout, "refused_since_last_line", n)
+		}
+		nc.Close()
+		return
+	}
+	s.pendingHS++
+	c.pendingHS = true
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
 	s.ctr.active.Add(1)
@@ -233,6 +260,7 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
+		c.handshakeOver()
 	}()
 	stop := context.AfterFunc(ctx, c.stop)
 	defer stop()

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"container/list"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -25,8 +26,9 @@ type conn struct {
 	nc  net.Conn // the raw connection (closing it unblocks everything)
 	rw  net.Conn // nc, or the TLS connection on top of it after STARTTLS
 	log *slog.Logger
-	// pendingHS: counted in s.pendingHS (under s.mu).
-	pendingHS bool
+	// pendingEl: this connection in s.pending while in the handshake
+	// (under s.mu).
+	pendingEl *list.Element
 
 	tls        bool
 	noZeroes   bool
@@ -73,9 +75,9 @@ func (c *conn) stop() {
 // (MaxPendingHandshakes), once. Safe to call many times.
 func (c *conn) handshakeOver() {
 	c.s.mu.Lock()
-	if c.pendingHS {
-		c.pendingHS = false
-		c.s.pendingHS--
+	if c.pendingEl != nil {
+		c.s.pending.Remove(c.pendingEl)
+		c.pendingEl = nil
 	}
 	c.s.mu.Unlock()
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -76,10 +77,11 @@ type Config struct {
 	// nothing, or trickles its options, is closed when it expires.
 	HandshakeTimeout time.Duration
 	// MaxPendingHandshakes bounds the connections still in the handshake
-	// (default 64): past it a new connection is closed right after
-	// accept, so a flood of silent connections costs at most this many
-	// descriptors for HandshakeTimeout each, and never takes the
-	// descriptors of clients that completed their handshake.
+	// (default 64): a new connection past it closes the oldest one still
+	// in the handshake, so a flood of silent connections holds at most
+	// this many descriptors (never those of clients that completed their
+	// handshake), and a real client, whose handshake takes milliseconds,
+	// still gets through it.
 	MaxPendingHandshakes int
 	// StructuredReadHoles enables OFFSET_HOLE chunks for reads of at least
 	// this many bytes (default 64 KiB; smaller reads always send data,
@@ -102,7 +104,7 @@ type Stats struct {
 	Panics           uint64 // recovered panics (each is a bug)
 	HoleChunks       uint64 // OFFSET_HOLE chunks sent
 	InflightRequests int64
-	ConnsRefused     uint64 // connections closed for MaxConns or MaxPendingHandshakes
+	ConnsRefused     uint64 // connections closed for MaxConns, or in the handshake for MaxPendingHandshakes
 }
 
 type counters struct {
@@ -126,9 +128,9 @@ type Server struct {
 	closing   bool
 	connWG    sync.WaitGroup
 	refusals  volrt.RateLog
-	// pendingHS counts connections in the handshake (under mu);
-	// hsRefusals rate-limits the log of those refused past the cap.
-	pendingHS  int
+	// pending: the connections in the handshake, oldest first (under
+	// mu); hsRefusals rate-limits the log of those closed past the cap.
+	pending    list.List
 	hsRefusals volrt.RateLog
 }
 
@@ -239,21 +241,27 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		nc.Close()
 		return
 	}
-	if s.pendingHS >= s.cfg.MaxPendingHandshakes {
-		s.mu.Unlock()
-		s.ctr.connsRefused.Add(1)
-		if ok, n := s.hsRefusals.Allow(); ok {
-			s.log.Warn("nbd: connection refused: too many connections still in the handshake (max_pending_handshakes)",
-				"remote", nc.RemoteAddr().String(), "max_pending_handshakes", s.cfg.MaxPendingHandshakes,
-				"handshake_timeout", s.cfg.HandshakeTimeout, "refused_since_last_line", n)
-		}
-		nc.Close()
-		return
+	var evict *conn
+	if s.pending.Len() >= s.cfg.MaxPendingHandshakes {
+		// The oldest connection still in the handshake makes room: it is
+		// the nearest to its timeout anyway, and a real client completes
+		// its handshake in milliseconds, so it gets through a flood of
+		// silent connections instead of being refused with them.
+		evict = s.pending.Remove(s.pending.Front()).(*conn)
+		evict.pendingEl = nil
 	}
-	s.pendingHS++
-	c.pendingHS = true
+	c.pendingEl = s.pending.PushBack(c)
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
+	if evict != nil {
+		s.ctr.connsRefused.Add(1)
+		if ok, n := s.hsRefusals.Allow(); ok {
+			s.log.Warn("nbd: too many connections still in the handshake (max_pending_handshakes): closed the oldest",
+				"closed", evict.nc.RemoteAddr().String(), "max_pending_handshakes", s.cfg.MaxPendingHandshakes,
+				"handshake_timeout", s.cfg.HandshakeTimeout, "closed_since_last_line", n)
+		}
+		evict.nc.Close()
+	}
 	s.ctr.active.Add(1)
 	defer func() {
 		s.ctr.active.Add(-1)

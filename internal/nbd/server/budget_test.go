@@ -86,3 +86,38 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestMaxPendingHandshakes: with MaxPendingHandshakes connections
+// sitting silent in the handshake, a new connection closes the oldest of
+// them (counted) and itself gets through its handshake; the silent ones
+// left are closed when HandshakeTimeout expires, and transmission
+// connections do not count against the cap.
+func TestMaxPendingHandshakes(t *testing.T) {
+	reg := &testReg{devs: map[string]export.Device{"disk": newTestDev("disk", 1<<20)}}
+	srv, addr := startServer(t, Config{Registry: reg, MaxPendingHandshakes: 3, HandshakeTimeout: time.Second})
+	// In transmission: not counted.
+	for range 3 {
+		dialRaw(t, addr).negotiate("disk", false)
+	}
+	var silent []*rawClient
+	for range 3 {
+		silent = append(silent, dialRaw(t, addr))
+	}
+	waitUntil(t, "three connections in the handshake", func() bool { return srv.Stats().ActiveConns == 6 })
+	late := dialRaw(t, addr)
+	silent[0].c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, err := io.ReadAll(silent[0].c); err != nil || len(b) != 0 {
+		t.Fatalf("oldest silent connection: read %d bytes, err %v; want closed", len(b), err)
+	}
+	if n := srv.Stats().ConnsRefused; n != 1 {
+		t.Fatalf("ConnsRefused %d, want 1", n)
+	}
+	late.negotiate("disk", false)
+	for i, rc := range silent[1:] {
+		rc.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if b, err := io.ReadAll(rc.c); err != nil || len(b) != 0 {
+			t.Fatalf("silent connection %d after the handshake timeout: read %d bytes, err %v; want closed", i+1, len(b), err)
+		}
+	}
+	waitUntil(t, "the silent connections to end", func() bool { return srv.Stats().ActiveConns == 4 })
+}

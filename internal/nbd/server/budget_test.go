@@ -121,3 +121,35 @@ func TestMaxPendingHandshakes(t *testing.T) {
 	}
 	waitUntil(t, "the silent connections to end", func() bool { return srv.Stats().ActiveConns == 4 })
 }
+
+// TestHandshakeTimeoutTrickle: the handshake timeout runs from accept, so
+// a client that trickles its options (a byte every 50 ms, each well
+// inside any per-read timeout) is closed when it expires, before its
+// handshake completes, and leaves the pending count.
+func TestHandshakeTimeoutTrickle(t *testing.T) {
+	reg := &testReg{devs: map[string]export.Device{"disk": newTestDev("disk", 1<<20)}}
+	srv, addr := startServer(t, Config{Registry: reg, HandshakeTimeout: 500 * time.Millisecond})
+	rc := dialRaw(t, addr)
+	msg := proto.AppendClientFlags(nil, uint32(proto.FlagCFixedNewstyle|proto.FlagCNoZeroes))
+	// Several GO options' worth: far more bytes than fit in the timeout.
+	for range 4 {
+		msg = proto.AppendOption(msg, proto.OptList, nil)
+	}
+	sent := 0
+	for ; sent < len(msg); sent++ {
+		if _, err := rc.c.Write(msg[sent : sent+1]); err != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if sent == len(msg) {
+		t.Fatalf("the whole trickled handshake (%d bytes) was accepted", len(msg))
+	}
+	waitUntil(t, "the trickling connection to end", func() bool { return srv.Stats().ActiveConns == 0 })
+	srv.mu.Lock()
+	n := srv.pending.Len()
+	srv.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d connections still counted in the handshake", n)
+	}
+}

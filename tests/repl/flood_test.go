@@ -150,7 +150,7 @@ func TestMetadataWriteDuringFdFlood(t *testing.T) {
 		}
 	}
 	if werr != nil {
-		t.Fatalf("client write during the flood: %v", werr)
+		t.Fatalf("client write during the flood: %v (a stopped replication: %v)", werr, p.a.logHas("stopping replication"))
 	}
 	if p.a.logHas("stopping replication") {
 		t.Fatal("a stopped replication on a metadata write while out of descriptors")

@@ -72,6 +72,9 @@ func TestMetadataWriteTransientErrorHolds(t *testing.T) {
 				return
 			}
 			waitFor(t, "metadata write held", 10*time.Second, func() bool { return a.r.Status().MetadataHeld })
+			if !a.r.Metrics().MetadataHeld {
+				t.Error("metrics do not show the held metadata write")
+			}
 			if tc.only == "" {
 				select {
 				case err := <-done:

@@ -375,7 +375,7 @@ func (r *Replica) Metrics() metrics.Replica {
 		Volume: st.Volume, Role: st.Role, Disk: st.Disk, Conn: st.Conn, PeerRole: st.PeerRole, PeerDisk: st.PeerDisk,
 		OutOfSync: st.OutOfSync, ResyncRate: st.SyncRate,
 		ResyncBytes: st.ResyncBytes, ResyncZeroBytes: st.ResyncZeroBytes, ResyncHashMatchBytes: st.HashMatchBytes,
-		ReplicatedBytes: st.SentBytes, PendingWrites: r.obs.pending.Load(),
+		ReplicatedBytes: st.SentBytes, PendingWrites: r.obs.pending.Load(), MetadataHeld: st.MetadataHeld,
 		Disconnects: make(map[string]uint64, len(DisconnectReasons)),
 		AckLatency:  r.obs.ackHistogram(),
 	}

@@ -398,6 +398,12 @@ func (r *Replica) loop() {
 			}
 			r.node.Tick()
 			tick = true
+			// Top the descriptor reserve up again after a flood took what
+			// it released (a no-op while full; one failing open while the
+			// process is still out of descriptors).
+			if res := fdReserve(); res.Held() < fdReserveSize {
+				res.Refill()
+			}
 		}
 		err := r.deferredErr
 		if err == nil {

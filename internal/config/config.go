@@ -254,9 +254,16 @@ type Config struct {
 	// RAM, whichever is smaller; see DefaultInflightBudget).
 	InflightBudget Size `yaml:"inflight_budget,omitempty"`
 	// MaxConnections bounds open NBD connections (0: 1024).
-	MaxConnections int      `yaml:"max_connections,omitempty"`
-	Engine         Engine   `yaml:"engine,omitempty"`
-	Volumes        []Volume `yaml:"volumes,omitempty"`
+	MaxConnections int `yaml:"max_connections,omitempty"`
+	// MaxPendingHandshakes bounds NBD connections still in the handshake
+	// (0: 64), at most an eighth of the file descriptor limit; past it a
+	// new connection is closed at once.
+	MaxPendingHandshakes int `yaml:"max_pending_handshakes,omitempty"`
+	// HandshakeTimeout closes an NBD connection that has not completed
+	// its handshake in time (0: 30s).
+	HandshakeTimeout Duration `yaml:"handshake_timeout,omitempty"`
+	Engine           Engine   `yaml:"engine,omitempty"`
+	Volumes          []Volume `yaml:"volumes,omitempty"`
 	// NoDefaultVolume stops the daemon from creating the 10 GiB "default"
 	// volume in an empty data directory.
 	NoDefaultVolume bool `yaml:"no_default_volume,omitempty"`
@@ -423,6 +430,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxConnections < 0 || c.MaxConnections > 1<<20 {
 		add("max_connections %d: want 1..1048576 (0: default 1024)", c.MaxConnections)
+	}
+	if c.MaxPendingHandshakes < 0 || c.MaxPendingHandshakes > 65535 {
+		add("max_pending_handshakes %d: want 1..65535 (0: default 64)", c.MaxPendingHandshakes)
+	}
+	if c.HandshakeTimeout < 0 {
+		add("handshake_timeout %v: want a positive duration (0: default 30s)", time.Duration(c.HandshakeTimeout))
 	}
 	validateEngine := func(where string, e Engine) {
 		if e.Workers < 0 || e.Workers > 1024 {

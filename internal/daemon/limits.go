@@ -27,7 +27,10 @@ import (
 //     (no descriptor used) until one closes; idle keep-alive connections
 //     close after metricsIdleTimeout;
 //   - iSCSI connections still logging in: iscsi.max_pending_logins
-//     (default 64), at most 1/8 of the limit; past it closed at accept.
+//     (default 64), at most 1/8 of the limit; past it closed at accept;
+//   - NBD connections still in the handshake: max_pending_handshakes
+//     (default 64), at most 1/8 of the limit; past it closed at accept,
+//     and each closed after handshake_timeout (default 30 s).
 //
 // Every listener retries accept errors (netutil.Retry) instead of
 // stopping, so running out of descriptors anyway (a flood of data-path

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/nbd/server"
@@ -48,8 +49,12 @@ func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 		MaxPayload: uint32(d.cfg.MaxPayload),
 		Budget:     &d.budget,
 		MaxConns:   d.cfg.MaxConnections,
-		Logger:     d.log,
-		Sessions:   f.sessions,
+		// Connections still in the handshake are not the data path yet:
+		// at most an eighth of the descriptors (fdShare).
+		MaxPendingHandshakes: fdShare(d.cfg.MaxPendingHandshakes, 64, 8),
+		HandshakeTimeout:     time.Duration(d.cfg.HandshakeTimeout),
+		Logger:               d.log,
+		Sessions:             f.sessions,
 	})
 	for _, l := range d.cfg.Listeners() {
 		ln, err := listen(l)

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/sdnotify"
@@ -58,7 +59,8 @@ func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load f
 //     rotational, read-only and description settings are applied when no
 //     client holds them (otherwise at the next restart);
 //   - everything else that differs (listeners, data_dir, metrics_listen,
-//     pprof, max_payload, inflight_budget, max_connections, TLS mode, engine tuning of open volumes,
+//     pprof, max_payload, inflight_budget, max_connections, max_pending_handshakes,
+//     handshake_timeout, TLS mode, engine tuning of open volumes,
 //     replication settings, the other iscsi settings) is named in a log line as needing a restart.
 //
 // Validation and TLS loading happen before anything changes: an error
@@ -131,6 +133,12 @@ func (d *Daemon) Reload(next config.Config) error {
 	}
 	if next.MaxConnections != cur.MaxConnections {
 		restart("max_connections", "running", cur.MaxConnections, "configured", next.MaxConnections)
+	}
+	if next.MaxPendingHandshakes != cur.MaxPendingHandshakes {
+		restart("max_pending_handshakes", "running", cur.MaxPendingHandshakes, "configured", next.MaxPendingHandshakes)
+	}
+	if next.HandshakeTimeout != cur.HandshakeTimeout {
+		restart("handshake_timeout", "running", time.Duration(cur.HandshakeTimeout), "configured", time.Duration(next.HandshakeTimeout))
 	}
 	if next.TLS.Mode != cur.TLS.Mode {
 		restart("tls.mode", "running", cur.TLS.Mode, "configured", next.TLS.Mode)

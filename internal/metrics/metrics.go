@@ -61,6 +61,7 @@
 //	repl_disk_state{volume, state}, repl_peer_disk_state{volume, state} Diskless .. UpToDate (peer: also Unknown)
 //	repl_connection_state{volume, state}                              StandAlone, Connecting, Handshake, Connected, Sync*, Verify*
 //	repl_out_of_sync_bytes, repl_pending_writes                       {volume}
+//	repl_metadata_write_held                                          {volume}: 1 while a metadata write is retried
 //	repl_resync_rate_bytes_per_second                                 {volume} (as sync source or target; 0 otherwise)
 //	repl_resync_bytes_total{volume, kind: data, zero, hash_match}     (resynced as source)
 //	repl_replicated_bytes_total                                       {volume}
@@ -106,6 +107,9 @@ type Replica struct {
 	ResyncBytes, ResyncZeroBytes          int64   // counters
 	ResyncHashMatchBytes, ReplicatedBytes int64   // counters
 	PendingWrites                         int64
+	// MetadataHeld: a metadata write failed transiently and is retried;
+	// acknowledgements wait for it.
+	MetadataHeld bool
 	// Disconnects by reason kind; the producer keeps the key set bounded
 	// and fixed (zeros included) so rate() works from the first scrape.
 	Disconnects map[string]uint64
@@ -201,6 +205,7 @@ var (
 	dRConn     = desc("repl_connection_state", "Replication connection state.", "volume", "state")
 	dROOS      = desc("repl_out_of_sync_bytes", "Bytes marked out of sync with the peer.", "volume")
 	dRPending  = desc("repl_pending_writes", "Client writes accepted by replication and not yet answered.", "volume")
+	dRMetaHeld = desc("repl_metadata_write_held", "1 while a replication metadata write failed for a transient reason (out of descriptors, memory, space) and is retried: no write is acknowledged meanwhile.", "volume")
 	dRRate     = desc("repl_resync_rate_bytes_per_second", "Resync rate since the resync started (as sync source or target).", "volume")
 	dRResync   = desc("repl_resync_bytes_total", "Bytes resynced to the peer as sync source, by how they travelled.", "volume", "kind")
 	dRSent     = desc("repl_replicated_bytes_total", "Client write payload bytes replicated to the peer.", "volume")
@@ -222,7 +227,7 @@ var (
 	dBudgetRefused = desc("inflight_budget_refused_total", "Reservations refused because the daemon-wide budget was spent (iSCSI: a command answered BUSY or TASK SET FULL).")
 
 	allDescs = []*prometheus.Desc{dISCSILoginFail, dFERefused, dBudgetLimit, dBudgetUsed, dBudgetWaits, dBudgetRefused, dFEAccepted, dFEActive, dFEReqs, dFEErrs, dFEBytes, dFEClients, dVolSize, dVolAlloc, dVolConns, dReqs, dOps, dMerged, dErrors, dNoSpace, dRejected, dBytes, dQueue, dInFlight, dLatency, dWriteSize, dReadSize, dAccepted, dActive, dHSFail, dTLS, dNBDReqs, dErrReply, dNBDBytes, dProtoErr, dPanics, dHoles, dNBDInfl,
-		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
+		dRRole, dRPeerRole, dRDisk, dRPeerDisk, dRConn, dROOS, dRPending, dRMetaHeld, dRRate, dRResync, dRSent, dRDisc, dRAckLat}
 	opNames = []string{"read", "write", "flush", "trim", "write_zeroes", "cache"}
 
 	// Every state an enum gauge reports, from the repl package's names.
@@ -398,6 +403,11 @@ func collectReplica(ch chan<- prometheus.Metric, r Replica) {
 	enum(dRConn, connNames, r.Conn)
 	gauge(dROOS, float64(r.OutOfSync), r.Volume)
 	gauge(dRPending, float64(r.PendingWrites), r.Volume)
+	held := 0.0
+	if r.MetadataHeld {
+		held = 1
+	}
+	gauge(dRMetaHeld, held, r.Volume)
 	gauge(dRRate, r.ResyncRate, r.Volume)
 	counter(dRResync, float64(r.ResyncBytes), r.Volume, "data")
 	counter(dRResync, float64(r.ResyncZeroBytes), r.Volume, "zero")

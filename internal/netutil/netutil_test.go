@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -143,5 +144,29 @@ func TestShare(t *testing.T) {
 		if got := Share(c.def, c.limit, c.div, 4); got != c.want {
 			t.Errorf("Share(%d, %d, %d) = %d, want %d", c.def, c.limit, c.div, got, c.want)
 		}
+	}
+}
+
+func TestFDReserve(t *testing.T) {
+	r := NewFDReserve(3)
+	if n := r.Held(); n != 3 {
+		t.Fatalf("held %d, want 3", n)
+	}
+	if n := r.Release(); n != 3 || r.Held() != 0 {
+		t.Fatalf("released %d (held %d), want 3 (0)", n, r.Held())
+	}
+	if n := r.Release(); n != 0 {
+		t.Fatalf("second release freed %d", n)
+	}
+	if n := r.Refill(); n != 3 {
+		t.Fatalf("refilled to %d, want 3", n)
+	}
+	r.Release()
+	var nilRes *FDReserve
+	if nilRes.Release() != 0 || nilRes.Refill() != 0 {
+		t.Fatal("nil reserve holds descriptors")
+	}
+	if !OutOfFDs(&net.OpError{Op: "accept", Err: os.NewSyscallError("accept", syscall.EMFILE)}) || OutOfFDs(syscall.EIO) {
+		t.Fatal("OutOfFDs")
 	}
 }

@@ -2,7 +2,9 @@ package iscsi
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,10 +12,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
+	"github.com/vmsan/vmsan/internal/nbd/client"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/testutil"
 )
@@ -137,8 +141,9 @@ func TestPortalFlood(t *testing.T) {
 	end()
 	v.iscsiWorks(t, "after the portal flood", 30*time.Second)
 
-	// (2) Descriptors exhausted through the NBD port.
-	end = floodConns(t, "tcp", v.nbd, 400, nil)
+	// (2) Descriptors exhausted through the NBD port (connections that
+	// completed the handshake: those still in it are capped).
+	end = floodNBD(t, v.nbd, 400)
 	v.waitLogLine(t, 10*time.Second, "nbd: accept failed, retrying", "too many open files")
 	late := floodConns(t, "tcp", v.addr, 3, nil)
 	v.waitLogLine(t, 10*time.Second, "iscsi: accept failed, retrying", "too many open files")
@@ -147,6 +152,105 @@ func TestPortalFlood(t *testing.T) {
 	late()
 	v.iscsiWorks(t, "after the descriptor flood", 30*time.Second)
 	v.nbdWorks(t, "after the descriptor flood")
+	v.alive(t, "at the end")
+}
+
+// floodNBD opens up to n NBD connections to addr that complete the
+// handshake and then sit idle (connections still in the handshake are
+// capped by max_pending_handshakes, so only these use up the daemon's
+// descriptors); it stops at the first that does not get through. They
+// are closed by the returned function (and at cleanup).
+func floodNBD(t *testing.T, addr string, n int) (closeAll func()) {
+	t.Helper()
+	var cs []*client.Conn
+	var once sync.Once
+	closeAll = func() {
+		once.Do(func() {
+			for _, c := range cs {
+				c.Close()
+			}
+		})
+	}
+	t.Cleanup(closeAll)
+	for range n {
+		c, err := client.Dial(context.Background(), "nbd://"+addr+"/disk", &client.Options{Connections: 1, DialTimeout: 2 * time.Second})
+		if err != nil {
+			t.Logf("NBD flood of %s: connection %d: %v", addr, len(cs), err)
+			break
+		}
+		cs = append(cs, c)
+	}
+	t.Logf("NBD flood of %s: %d idle connections", addr, len(cs))
+	return closeAll
+}
+
+// TestNBDHandshakeFlood: with RLIMIT_NOFILE 256, 400 connections to the
+// NBD port that never answer the greeting do not exhaust the daemon's
+// descriptors: at most max_pending_handshakes (bounded by an eighth of
+// the limit) are kept, each new one past it closes the oldest (logged,
+// rate limited), and those kept are closed when handshake_timeout
+// expires. qemu-io and nbdinfo work during the flood (their handshakes
+// complete before they are the oldest). Before, every silent
+// connection was kept for the handshake timeout (up to max_connections,
+// 1024), the descriptors ran out and no client could connect.
+func TestNBDHandshakeFlood(t *testing.T) {
+	needTools(t, "qemu-io", "nbdinfo")
+	const hsTimeout = 3 * time.Second
+	v := startVmsanNofile(t, t.TempDir(), fmt.Sprintf("handshake_timeout: %v\n", hsTimeout),
+		fmt.Sprintf("    auth: {user: %s, secret: %q}\n", rawUser, rawSecret), floodNofile)
+	var flood []net.Conn
+	defer func() {
+		for _, c := range flood {
+			c.Close()
+		}
+	}()
+	for range 400 {
+		c, err := net.DialTimeout("tcp", v.nbd, 2*time.Second)
+		if err != nil {
+			t.Logf("flood: dial %d: %v", len(flood), err)
+			break
+		}
+		flood = append(flood, c)
+	}
+	t.Logf("%d silent connections to the NBD port", len(flood))
+	time.Sleep(500 * time.Millisecond) // let the daemon accept what it will
+	v.alive(t, "during the handshake flood")
+	if n := fdCount(t, v.cmd.Process.Pid); n >= floodNofile {
+		t.Errorf("daemon holds %d descriptors during the handshake flood, its limit is %d", n, floodNofile)
+	}
+	v.nbdWorks(t, "during the handshake flood")
+	if out, err := run(t, 20*time.Second, "nbdinfo", "--no-content", "nbd://"+v.nbd+"/disk"); err != nil || !strings.Contains(out, fmt.Sprint(volSize)) {
+		t.Errorf("nbdinfo during the handshake flood: %v\n%s\n%s", err, out, v.logTail())
+	}
+	v.waitLogLine(t, 10*time.Second, "too many connections still in the handshake (max_pending_handshakes)")
+	// Every silent connection is closed by the daemon: at once past the
+	// cap, after the handshake timeout within it. (The bound only stops a
+	// broken daemon from hanging the test.)
+	var wg sync.WaitGroup
+	var open atomic.Int64
+	for _, c := range flood {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(hsTimeout + 30*time.Second))
+			if _, err := io.Copy(io.Discard, c); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+				open.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := open.Load(); n > 0 {
+		t.Errorf("%d of %d silent connections still open %v after the handshake timeout", n, len(flood), 30*time.Second)
+	}
+	refusals := strings.Count(v.logText(), "max_pending_handshakes")
+	t.Logf("refusal log lines: %d", refusals)
+	if refusals > 5 {
+		t.Errorf("%d refusal log lines for one flood: not rate-limited", refusals)
+	}
+	if m := scrape(t, v.metrics); m[`vmsan_frontend_connections_refused_total{frontend="nbd"}`] < 1 {
+		t.Errorf("no refused NBD connection counted during the handshake flood")
+	}
+	v.nbdWorks(t, "after the handshake flood")
 	v.alive(t, "at the end")
 }
 

@@ -232,6 +232,7 @@ type pairOpts struct {
 	protocol   string
 	splitBrain string
 	extra      []string // more `repl configure` flags for both (later flags win)
+	nofileA    int      // a's RLIMIT_NOFILE (0: inherited)
 	nofileB    int      // b's RLIMIT_NOFILE (0: inherited)
 }
 
@@ -244,7 +245,7 @@ func newPair(t *testing.T, o pairOpts) *pairT {
 	}
 	base := t.TempDir()
 	p := &pairT{}
-	p.a = &node{t: t, name: "a", dir: filepath.Join(base, "a"), nbd: freeAddr(t), replAddr: freeAddr(t)}
+	p.a = &node{t: t, name: "a", dir: filepath.Join(base, "a"), nbd: freeAddr(t), replAddr: freeAddr(t), nofile: o.nofileA}
 	p.b = &node{t: t, name: "b", dir: filepath.Join(base, "b"), nbd: freeAddr(t), replAddr: freeAddr(t), nofile: o.nofileB}
 	var err error
 	p.px, err = faultproxy.New("127.0.0.1:0", p.b.replAddr)

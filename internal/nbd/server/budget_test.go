@@ -86,3 +86,70 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestMaxPendingHandshakes: with MaxPendingHandshakes connections
+// sitting silent in the handshake, a new connection closes the oldest of
+// them (counted) and itself gets through its handshake; the silent ones
+// left are closed when HandshakeTimeout expires, and transmission
+// connections do not count against the cap.
+func TestMaxPendingHandshakes(t *testing.T) {
+	reg := &testReg{devs: map[string]export.Device{"disk": newTestDev("disk", 1<<20)}}
+	srv, addr := startServer(t, Config{Registry: reg, MaxPendingHandshakes: 3, HandshakeTimeout: time.Second})
+	// In transmission: not counted.
+	for range 3 {
+		dialRaw(t, addr).negotiate("disk", false)
+	}
+	var silent []*rawClient
+	for range 3 {
+		silent = append(silent, dialRaw(t, addr))
+	}
+	waitUntil(t, "three connections in the handshake", func() bool { return srv.Stats().ActiveConns == 6 })
+	late := dialRaw(t, addr)
+	silent[0].c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if b, err := io.ReadAll(silent[0].c); err != nil || len(b) != 0 {
+		t.Fatalf("oldest silent connection: read %d bytes, err %v; want closed", len(b), err)
+	}
+	if n := srv.Stats().ConnsRefused; n != 1 {
+		t.Fatalf("ConnsRefused %d, want 1", n)
+	}
+	late.negotiate("disk", false)
+	for i, rc := range silent[1:] {
+		rc.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if b, err := io.ReadAll(rc.c); err != nil || len(b) != 0 {
+			t.Fatalf("silent connection %d after the handshake timeout: read %d bytes, err %v; want closed", i+1, len(b), err)
+		}
+	}
+	waitUntil(t, "the silent connections to end", func() bool { return srv.Stats().ActiveConns == 4 })
+}
+
+// TestHandshakeTimeoutTrickle: the handshake timeout runs from accept, so
+// a client that trickles its options (a byte every 50 ms, each well
+// inside any per-read timeout) is closed when it expires, before its
+// handshake completes, and leaves the pending count.
+func TestHandshakeTimeoutTrickle(t *testing.T) {
+	reg := &testReg{devs: map[string]export.Device{"disk": newTestDev("disk", 1<<20)}}
+	srv, addr := startServer(t, Config{Registry: reg, HandshakeTimeout: 500 * time.Millisecond})
+	rc := dialRaw(t, addr)
+	msg := proto.AppendClientFlags(nil, uint32(proto.FlagCFixedNewstyle|proto.FlagCNoZeroes))
+	// Several GO options' worth: far more bytes than fit in the timeout.
+	for range 4 {
+		msg = proto.AppendOption(msg, proto.OptList, nil)
+	}
+	sent := 0
+	for ; sent < len(msg); sent++ {
+		if _, err := rc.c.Write(msg[sent : sent+1]); err != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if sent == len(msg) {
+		t.Fatalf("the whole trickled handshake (%d bytes) was accepted", len(msg))
+	}
+	waitUntil(t, "the trickling connection to end", func() bool { return srv.Stats().ActiveConns == 0 })
+	srv.mu.Lock()
+	n := srv.pending.Len()
+	srv.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d connections still counted in the handshake", n)
+	}
+}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"container/list"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -25,6 +26,9 @@ type conn struct {
 	nc  net.Conn // the raw connection (closing it unblocks everything)
 	rw  net.Conn // nc, or the TLS connection on top of it after STARTTLS
 	log *slog.Logger
+	// pendingEl: this connection in s.pending while in the handshake
+	// (under s.mu).
+	pendingEl *list.Element
 
 	tls        bool
 	noZeroes   bool
@@ -67,6 +71,17 @@ func (c *conn) stop() {
 	})
 }
 
+// handshakeOver takes the connection out of the handshake count
+// (MaxPendingHandshakes), once. Safe to call many times.
+func (c *conn) handshakeOver() {
+	c.s.mu.Lock()
+	if c.pendingEl != nil {
+		c.s.pending.Remove(c.pendingEl)
+		c.pendingEl = nil
+	}
+	c.s.mu.Unlock()
+}
+
 func (c *conn) isStopped() bool {
 	select {
 	case <-c.stopped:
@@ -102,6 +117,7 @@ func (c *conn) serve() {
 		return
 	}
 	c.nc.SetDeadline(time.Time{})
+	c.handshakeOver()
 	if c.isStopped() {
 		c.dev.Release()
 		return

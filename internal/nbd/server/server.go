@@ -1,6 +1,7 @@
 package server
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -71,9 +72,17 @@ type Config struct {
 	// greeting, so the client learns at once instead of waiting in the
 	// listen backlog.
 	MaxConns int
-	// HandshakeTimeout bounds option haggling (default 30s), so a client
-	// that connects and says nothing cannot hold a goroutine forever.
+	// HandshakeTimeout bounds the whole handshake, from accept to the
+	// start of transmission (default 30s): a client that connects and says
+	// nothing, or trickles its options, is closed when it expires.
 	HandshakeTimeout time.Duration
+	// MaxPendingHandshakes bounds the connections still in the handshake
+	// (default 64): a new connection past it closes the oldest one still
+	// in the handshake, so a flood of silent connections holds at most
+	// this many descriptors (never those of clients that completed their
+	// handshake), and a real client, whose handshake takes milliseconds,
+	// still gets through it.
+	MaxPendingHandshakes int
 	// StructuredReadHoles enables OFFSET_HOLE chunks for reads of at least
 	// this many bytes (default 64 KiB; smaller reads always send data,
 	// because asking the device for extents costs more than sending a
@@ -95,7 +104,7 @@ type Stats struct {
 	Panics           uint64 // recovered panics (each is a bug)
 	HoleChunks       uint64 // OFFSET_HOLE chunks sent
 	InflightRequests int64
-	ConnsRefused     uint64 // connections closed for MaxConns
+	ConnsRefused     uint64 // connections closed for MaxConns, or in the handshake for MaxPendingHandshakes
 }
 
 type counters struct {
@@ -119,6 +128,10 @@ type Server struct {
 	closing   bool
 	connWG    sync.WaitGroup
 	refusals  volrt.RateLog
+	// pending: the connections in the handshake, oldest first (under
+	// mu); hsRefusals rate-limits the log of those closed past the cap.
+	pending    list.List
+	hsRefusals volrt.RateLog
 }
 
 // New returns a Server; it does not listen until Serve.
@@ -141,6 +154,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 30 * time.Second
+	}
+	if cfg.MaxPendingHandshakes <= 0 {
+		cfg.MaxPendingHandshakes = 64
 	}
 	if cfg.StructuredReadHoles == 0 {
 		cfg.StructuredReadHoles = 64 << 10
@@ -225,14 +241,34 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		nc.Close()
 		return
 	}
+	var evict *conn
+	if s.pending.Len() >= s.cfg.MaxPendingHandshakes {
+		// The oldest connection still in the handshake makes room: it is
+		// the nearest to its timeout anyway, and a real client completes
+		// its handshake in milliseconds, so it gets through a flood of
+		// silent connections instead of being refused with them.
+		evict = s.pending.Remove(s.pending.Front()).(*conn)
+		evict.pendingEl = nil
+	}
+	c.pendingEl = s.pending.PushBack(c)
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
+	if evict != nil {
+		s.ctr.connsRefused.Add(1)
+		if ok, n := s.hsRefusals.Allow(); ok {
+			s.log.Warn("nbd: too many connections still in the handshake (max_pending_handshakes): closed the oldest",
+				"closed", evict.nc.RemoteAddr().String(), "max_pending_handshakes", s.cfg.MaxPendingHandshakes,
+				"handshake_timeout", s.cfg.HandshakeTimeout, "closed_since_last_line", n)
+		}
+		evict.nc.Close()
+	}
 	s.ctr.active.Add(1)
 	defer func() {
 		s.ctr.active.Add(-1)
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
+		c.handshakeOver()
 	}()
 	stop := context.AfterFunc(ctx, c.stop)
 	defer stop()

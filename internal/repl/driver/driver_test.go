@@ -21,6 +21,7 @@ import (
 	"github.com/vmsan/vmsan/internal/ioengine"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/testutil/faultproxy"
+	"github.com/vmsan/vmsan/internal/vfs"
 )
 
 // engDev is a minimal export.Device over an engine, as the daemon's.
@@ -55,6 +56,7 @@ type node struct {
 	r      *Replica
 	set    Settings
 	front  export.Device
+	fs     vfs.FS // metadata filesystem (nil: the real one)
 }
 
 func freeAddr(t testing.TB) string {
@@ -100,7 +102,7 @@ func (n *node) start() {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	n.r, err = Start(Options{Name: "v", Dir: filepath.Join(n.dir, "repl"), Device: n.dev, Settings: n.set, Logger: log})
+	n.r, err = Start(Options{Name: "v", Dir: filepath.Join(n.dir, "repl"), Device: n.dev, Settings: n.set, Logger: log, FS: n.fs})
 	if err != nil {
 		n.t.Fatal(err)
 	}

@@ -149,6 +149,9 @@ type observer struct {
 	buckets [len(ackBounds) + 1]atomic.Uint64 // ackBounds, then +Inf
 	sumNs   atomic.Int64
 	pending atomic.Int64 // client writes waiting for the node's release
+	// metaHeld: a metadata write failed transiently and is being retried
+	// (acknowledgements wait for it).
+	metaHeld atomic.Bool
 }
 
 // ackSent records the send time of a replicated write. REQUIRES: loop.
@@ -372,7 +375,7 @@ func (r *Replica) Metrics() metrics.Replica {
 		Volume: st.Volume, Role: st.Role, Disk: st.Disk, Conn: st.Conn, PeerRole: st.PeerRole, PeerDisk: st.PeerDisk,
 		OutOfSync: st.OutOfSync, ResyncRate: st.SyncRate,
 		ResyncBytes: st.ResyncBytes, ResyncZeroBytes: st.ResyncZeroBytes, ResyncHashMatchBytes: st.HashMatchBytes,
-		ReplicatedBytes: st.SentBytes, PendingWrites: r.obs.pending.Load(),
+		ReplicatedBytes: st.SentBytes, PendingWrites: r.obs.pending.Load(), MetadataHeld: st.MetadataHeld,
 		Disconnects: make(map[string]uint64, len(DisconnectReasons)),
 		AckLatency:  r.obs.ackHistogram(),
 	}

@@ -73,6 +73,9 @@ type Options struct {
 	// changes; the plugin tells the role controller (role.Controller.
 	// Observe), which publishes the role to the front ends.
 	OnRole func(repl.Role)
+	// FS is the filesystem meta.json, bitmap.bin and al.bin are written through
+	// (nil: the real one); tests inject failures with it.
+	FS vfs.FS
 }
 
 // Replica is one replicated volume on this node.
@@ -147,6 +150,10 @@ type Replica struct {
 	// deferredErr: a process() failure inside an event handler
 	// (processNow); the loop stops on it as on its own. Loop only.
 	deferredErr error
+	// held: a Ready whose metadata write failed transiently, retried
+	// before anything else is processed (metahold.go). Loop only.
+	held    *heldReady
+	metaLog *logLimiter
 }
 
 const (
@@ -225,12 +232,12 @@ func Start(o Options) (*Replica, error) {
 	if err := vfs.MkdirAllSync(vfs.OS, o.Dir, dirMode); err != nil {
 		return nil, err
 	}
-	st := &state{dir: o.Dir}
+	st := &state{fs: o.FS, dir: o.Dir}
 	m, words, al, found, err := st.load()
 	if err != nil {
 		return nil, err
 	}
-	if st.al, err = openALFile(o.Dir); err != nil {
+	if st.al, err = openALFileFS(st.fsys(), o.Dir); err != nil {
 		return nil, err
 	}
 	if len(al) == 1 && al[0] == -1 {
@@ -277,7 +284,9 @@ func Start(o Options) (*Replica, error) {
 		hsParams:   HandshakeParams{Name: o.Name, NodeID: s.NodeID, Secret: secret},
 		hsSem:      make(chan struct{}, maxHandshakes),
 		refusedLog: newLogLimiter(10 * time.Second),
+		metaLog:    newLogLimiter(metaLogEvery),
 	}
+	fdReserve() // opened before any flood can take the descriptors
 	r.rxCond = sync.NewCond(&r.rxMu)
 	r.comp.init()
 	r.applyQ.init()
@@ -355,6 +364,11 @@ func (r *Replica) loop() {
 		tick := false
 		select {
 		case <-r.stop:
+			if r.held != nil {
+				// Their acknowledgements wait for a metadata write that
+				// will not happen now.
+				r.failAll(errStopped)
+			}
 			return
 		case ev := <-r.events:
 			r.handle(ev)
@@ -385,6 +399,12 @@ func (r *Replica) loop() {
 			}
 			r.node.Tick()
 			tick = true
+			// Top the descriptor reserve up again after a flood took what
+			// it released (a no-op while full; one failing open while the
+			// process is still out of descriptors).
+			if res := fdReserve(); res.Held() < fdReserveSize {
+				res.Refill()
+			}
 		}
 		err := r.deferredErr
 		if err == nil {
@@ -494,11 +514,35 @@ func finish(req *export.Request, err error) {
 //
 // REQUIRES: running on the loop goroutine (it owns r.node, r.clients,
 // r.link).
+//
+// A persist failure that is transient (transientMetaErr: out of
+// descriptors, memory or space) does not stop replication: the Ready is
+// held and retried first on a later pass, once its backoff has passed
+// (metahold.go); until then nothing after it is done, so no write is
+// acknowledged before its out-of-sync state is durable.
 func (r *Replica) process() error {
-	for r.node.HasReady() {
-		rd := r.node.Ready()
-		if err := r.st.persist(rd.Persist); err != nil {
-			return err
+	for {
+		var rd repl.Ready
+		if h := r.held; h != nil {
+			if time.Now().Before(h.next) {
+				break
+			}
+			rd = h.rd
+		} else {
+			if !r.node.HasReady() {
+				break
+			}
+			rd = r.node.Ready()
+		}
+		if err := r.persist(rd.Persist); err != nil {
+			if !transientMetaErr(err) {
+				return err
+			}
+			r.hold(rd, err)
+			break
+		}
+		if r.held != nil {
+			r.resume()
 		}
 		for _, m := range rd.Send {
 			if r.link != nil {
@@ -759,6 +803,9 @@ func (r *Replica) call(fn func() error) error {
 		// after sees the effect.
 		if perr := r.process(); err == nil {
 			err = perr
+		}
+		if err == nil {
+			err = r.heldErr()
 		}
 		st := r.node.Status()
 		r.primary.Store(st.Role == repl.Primary)

@@ -39,6 +39,10 @@ type Status struct {
 	DiscardMyData bool `json:"discard_my_data"`
 	// PendingWrites is the client writes accepted and not yet answered.
 	PendingWrites int `json:"pending_writes"`
+	// MetadataHeld: a metadata write failed for a transient reason (out
+	// of file descriptors, memory or space) and is retried; until it
+	// succeeds no write is acknowledged.
+	MetadataHeld bool `json:"metadata_write_held"`
 
 	ResyncBytes     int64 `json:"resync_sent_bytes"`
 	ResyncZeroBytes int64 `json:"resync_zero_bytes"`
@@ -118,5 +122,6 @@ func (r *Replica) Status() Status {
 	r.statusMu.Unlock()
 	// Current, not as of the last publish (up to a tick old).
 	st.PendingWrites = int(r.obs.pending.Load())
+	st.MetadataHeld = r.obs.metaHeld.Load()
 	return st
 }

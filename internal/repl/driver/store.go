@@ -291,12 +291,21 @@ func (a *alFile) write(ext []int64) error {
 	}
 	binary.LittleEndian.PutUint32(b[20:], crc32.Checksum(b[alHeader:], crcTable))
 	if _, err := a.f.WriteAt(b, int64(a.seq%2)*alSlotSize); err != nil {
+		// A retry (transient error: metahold.go) must rewrite this slot,
+		// not the other, which holds the last good AL.
+		a.seq--
 		return err
 	}
+	var err error
 	if of, ok := vfs.OSFile(a.f); ok {
-		return syscall.Fdatasync(int(of.Fd()))
+		err = syscall.Fdatasync(int(of.Fd()))
+	} else {
+		err = a.f.Sync()
 	}
-	return a.f.Sync()
+	if err != nil {
+		a.seq--
+	}
+	return err
 }
 
 func (a *alFile) close() error { return a.f.Close() }

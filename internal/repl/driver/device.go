@@ -60,14 +60,19 @@ func (d *device) Info() export.Info {
 
 var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in progress): %w", syscall.EIO)
 
-func (d *device) Submit(req *ioengine.Request) {
+func (d *device) Submit(req *ioengine.Request) { d.r.submitClient(d.Device, req) }
+
+// submitClient routes one client request: reads to local (the client's
+// own reference to the volume's engine), everything else through
+// replication.
+func (r *Replica) submitClient(local export.Device, req *ioengine.Request) {
 	switch req.Op {
 	case ioengine.OpRead, ioengine.OpCache:
-		if !d.r.upToDate.Load() {
+		if !r.upToDate.Load() {
 			finish(req, errNotUpToDate)
 			return
 		}
-		d.Device.Submit(req)
+		local.Submit(req)
 		return
 	case ioengine.OpWriteZeroes:
 		if req.FastZero {
@@ -76,10 +81,10 @@ func (d *device) Submit(req *ioengine.Request) {
 			return
 		}
 	}
-	d.r.waitSendRoom()
+	r.waitSendRoom()
 	select {
-	case d.r.events <- event{kind: evPropose, req: req}:
-	case <-d.r.done:
+	case r.events <- event{kind: evPropose, req: req}:
+	case <-r.done:
 		finish(req, fmt.Errorf("repl: replica stopped: %w", syscall.EIO))
 	}
 }

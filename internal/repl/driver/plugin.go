@@ -38,51 +38,64 @@ import (
 // `vmsan status` gains a "replication" section, and /metrics the
 // vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
-	d       *daemon.Daemon // set by Start
+	d       *daemon.Daemon                       // set by Start
+	open    func(string) (export.Device, error) // set by Start
 	dataDir string
 	log     *slog.Logger
+	// fileVolumes are the volumes with a replication section in the
+	// daemon's configuration file (it wins again at the next start).
+	fileVolumes map[string]bool
+
+	// lifeMu serialises replica lifecycle changes (Apply, Remove,
+	// VolumeDeleted): one at a time per daemon, each pausing only its
+	// own volume's route.
+	lifeMu sync.Mutex
 
 	mu        sync.Mutex
 	replicas  map[string]*Replica
 	devByName map[string]export.Device
+	// routes are every served volume's client routes (route.go), by name.
+	routes map[string]*route
 }
 
 // NewPlugin is a daemon.PluginFactory. Volumes with a replication section
 // in the daemon configuration get their settings written first (the file
-// wins over `vmsan repl configure`; the node id is kept). It returns nil
-// when no volume is configured for replication.
+// wins over `vmsan repl configure`; the node id is kept). The plugin is
+// built even when no volume is replicated yet: replication can be added
+// to any volume of the running daemon (Apply), so every volume's clients
+// go through its route.
 func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 	// State in the old layout moves first, so that nothing below reads or
 	// writes the old place.
 	if err := Migrate(cfg.DataDir, log); err != nil {
 		return nil, err
 	}
+	fileVolumes := map[string]bool{}
 	for _, v := range cfg.Volumes {
 		if v.Replication == nil {
 			continue
 		}
+		fileVolumes[v.Name] = true
 		if _, err := Configure(cfg.DataDir, v.Name, v.Replication.Settings()); err != nil {
 			return nil, fmt.Errorf("replication of %s: %w", v.Name, err)
 		}
 	}
-	if len(volume.StateVolumes(cfg.DataDir, settingsRel)) == 0 {
-		return nil, nil
-	}
-	return &Plugin{dataDir: cfg.DataDir, log: log, replicas: map[string]*Replica{}, devByName: map[string]export.Device{}}, nil
+	return &Plugin{dataDir: cfg.DataDir, log: log, fileVolumes: fileVolumes,
+		replicas: map[string]*Replica{}, devByName: map[string]export.Device{}, routes: map[string]*route{}}, nil
 }
 
 // Start opens every configured replica.
 func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error)) error {
 	p.d = d
+	p.open = open
 	for _, name := range volume.StateVolumes(p.dataDir, settingsRel) {
 		dir := Dir(p.dataDir, name)
 		set, err := LoadSettings(dir)
 		if err != nil {
 			return fmt.Errorf("replication of %s: %w", name, err)
 		}
-		vm, verr := d.Store().Get(name)
-		dev, err := open(name)
-		if errors.Is(err, export.ErrNotFound) {
+		_, verr := d.Store().Get(name)
+		if err := p.startReplica(name, set); errors.Is(err, export.ErrNotFound) {
 			if verr == nil {
 				// The volume exists but is not served (a damaged raw file,
 				// reported with its repair command when the daemon opened
@@ -95,26 +108,16 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 			// serve the other volumes.
 			p.log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", dir)
 			continue
-		}
-		if err != nil {
-			return fmt.Errorf("replication of %s: volume: %w", name, err)
-		}
-		vol := name
-		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: d.Events(),
-			OnRole: func(ro repl.Role) { d.SetVolumeRole(vol, frontRole(ro)) }})
-		if err != nil {
-			dev.Release()
+		} else if err != nil {
 			return err
 		}
-		p.mu.Lock()
-		p.replicas[name] = r
-		p.devByName[name] = dev
-		p.mu.Unlock()
-		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
-		// The role the replica starts in (later changes come via OnRole).
-		d.SetVolumeRole(name, frontRole(r.role()))
 	}
-	d.AddStatus("replication", func() any { return p.Statuses() })
+	d.AddStatus("replication", func() any {
+		if st := p.Statuses(); len(st) > 0 {
+			return st
+		}
+		return nil // no replicated volume: no section
+	})
 	d.SetReplicaMetrics(p.Metrics)
 	d.AddEventSource(func() []events.Event {
 		var out []events.Event
@@ -127,7 +130,63 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, p.Statuses())
 	}))
+	d.Handle("PUT /v1/repl/{volume}", http.HandlerFunc(p.handleConfigure))
+	d.Handle("DELETE /v1/repl/{volume}", http.HandlerFunc(p.handleRemove))
 	return nil
+}
+
+// startReplica opens the volume's device and starts its replica with set,
+// routing the volume's clients through it. It returns an error wrapping
+// export.ErrNotFound when the volume is not served.
+// REQUIRES: lifeMu held or the daemon not yet serving (Start); the route
+// paused or not yet used by clients.
+func (p *Plugin) startReplica(name string, set Settings) error {
+	vm, err := p.d.Store().Get(name)
+	if err != nil {
+		return fmt.Errorf("replication of %s: volume: %w", name, err)
+	}
+	p.mu.Lock()
+	dev := p.devByName[name]
+	p.mu.Unlock()
+	if dev == nil {
+		if dev, err = p.open(name); err != nil {
+			return fmt.Errorf("replication of %s: volume: %w", name, err)
+		}
+	}
+	rt := p.route(name)
+	vol := name
+	r, err := Start(Options{Name: name, Dir: Dir(p.dataDir, name), Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: p.d.Events(),
+		Opens:  &rt.opens,
+		OnRole: func(ro repl.Role) { p.d.SetVolumeRole(vol, frontRole(ro)) }})
+	if err != nil {
+		p.mu.Lock()
+		if p.devByName[name] == nil {
+			dev.Release()
+		}
+		p.mu.Unlock()
+		return err
+	}
+	p.mu.Lock()
+	p.replicas[name] = r
+	p.devByName[name] = dev
+	p.mu.Unlock()
+	rt.cur.Store(r)
+	p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
+	// The role the replica starts in (later changes come via OnRole).
+	p.d.SetVolumeRole(name, frontRole(r.role()))
+	return nil
+}
+
+// route returns the volume's route, created on first use.
+func (p *Plugin) route(name string) *route {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rt := p.routes[name]
+	if rt == nil {
+		rt = &route{}
+		p.routes[name] = rt
+	}
+	return rt
 }
 
 // Statuses returns every replica's status, by volume name.
@@ -226,12 +285,11 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, r.Status())
 }
 
-// WrapDevice routes a replicated volume's client I/O through replication.
+// WrapDevice routes a volume's client I/O through its route: through
+// replication while the volume is replicated, straight to the engine
+// otherwise.
 func (p *Plugin) WrapDevice(name string, dev export.Device) export.Device {
-	if r := p.replica(name); r != nil {
-		return r.Wrap(dev)
-	}
-	return dev
+	return newRoutedDevice(p.route(name), dev)
 }
 
 // Stop closes every replica cleanly and releases the devices.
@@ -302,12 +360,19 @@ func Configure(dataDir, name string, s Settings) (Settings, error) {
 // directory (volume.Store.Delete; the daemon removes anything the replica
 // wrote there before it stopped).
 func (p *Plugin) VolumeDeleted(name string) {
+	p.lifeMu.Lock()
+	defer p.lifeMu.Unlock()
 	p.mu.Lock()
 	r := p.replicas[name]
 	delete(p.replicas, name)
 	dev := p.devByName[name]
 	delete(p.devByName, name)
+	rt := p.routes[name]
+	delete(p.routes, name)
 	p.mu.Unlock()
+	if rt != nil {
+		rt.failHeld(errVolumeDeleted)
+	}
 	if r == nil {
 		return
 	}

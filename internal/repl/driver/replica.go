@@ -72,6 +72,10 @@ type Options struct {
 	// plugin passes it to the daemon (Daemon.SetVolumeRole) for the front
 	// ends' ALUA states.
 	OnRole func(repl.Role)
+	// Opens, if set, counts the clients holding the volume open (the
+	// plugin's per-volume count, kept across replica restarts); nil: the
+	// replica counts its own (Wrap).
+	Opens *atomic.Int64
 }
 
 // Replica is one replicated volume on this node.
@@ -98,7 +102,7 @@ type Replica struct {
 	epoch    uint64                       // loop only
 	pending  map[uint64]*pendingPair      // loop only: accepted halves
 	inflight atomic.Int64                 // applies submitted and not completed
-	opens    atomic.Int64                 // wrapped devices not released: clients holding the volume
+	opens    *atomic.Int64                // wrapped devices not released: clients holding the volume (Options.Opens)
 	queued   atomic.Int64                 // applies in applyQ or being submitted by the submitter
 
 	// rxBudget bounds stream data received but not yet applied, so a slow
@@ -271,6 +275,10 @@ func Start(o Options) (*Replica, error) {
 		hsParams:   HandshakeParams{Name: o.Name, NodeID: s.NodeID, Secret: secret},
 		hsSem:      make(chan struct{}, maxHandshakes),
 		refusedLog: newLogLimiter(10 * time.Second),
+		opens:      o.Opens,
+	}
+	if r.opens == nil {
+		r.opens = new(atomic.Int64)
 	}
 	r.rxCond = sync.NewCond(&r.rxMu)
 	r.comp.init()
@@ -809,6 +817,30 @@ func (r *Replica) ConnectDiscardMyData() error {
 		r.log.Warn("discard-my-data: if the next handshake finds split brain, this node's changes are dropped and it resyncs from the peer", "peer", r.set.Peer)
 		return nil
 	})
+}
+
+// errClientsPending: drainClients is still waiting for client requests.
+var errClientsPending = errors.New("repl: client requests still pending")
+
+// drainClients waits until no client request is held by the replica
+// (proposed and not yet answered), or until timeout. The caller has
+// stopped new client requests from reaching it (the plugin's pause):
+// events are handled in order, so a check run on the loop sees every
+// request submitted before it.
+func (r *Replica) drainClients(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := r.call(func() error {
+			if n := len(r.clients); n > 0 {
+				return fmt.Errorf("%w (%d)", errClientsPending, n)
+			}
+			return nil
+		})
+		if err == nil || !errors.Is(err, errClientsPending) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // Close stops replication cleanly: waits (bounded) for local writes in

@@ -64,7 +64,7 @@ plain volume, or the volume's replica restarts with the new settings
 this node gets a full sync, holes skipped). The volume's clients stay
 connected; their requests wait while the replica restarts. Without a
 daemon the settings are written and read at its next start.`,
-		Args:  cobra.ExactArgs(1),
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if rate != "" {
 				n, err := volume.ParseSize(rate)

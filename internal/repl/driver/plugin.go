@@ -38,7 +38,7 @@ import (
 // `vmsan status` gains a "replication" section, and /metrics the
 // vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
-	d       *daemon.Daemon                       // set by Start
+	d       *daemon.Daemon                      // set by Start
 	open    func(string) (export.Device, error) // set by Start
 	dataDir string
 	log     *slog.Logger

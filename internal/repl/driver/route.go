@@ -18,7 +18,10 @@ import (
 // without the clients reconnecting. While the replica changes, the route
 // is paused: client requests are held (queued, their submitters never
 // block, so a Done callback that submits again cannot deadlock the
-// change) and handed to the new target on resume, in order.
+// change) and handed to the new target on resume, in order. What is held is
+// bounded by the clients' windows: a request held is one not answered, and
+// every front end bounds its requests in flight (per connection, and the
+// daemon's in-flight budget).
 type route struct {
 	// cur is the volume's replica; nil: not replicated (requests go
 	// straight to the engine).

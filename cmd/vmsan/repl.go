@@ -29,7 +29,9 @@ func init() {
   vmsan repl configure vm1 --listen 10.0.0.1:7789 --peer 10.0.0.2:7789 --role primary \
       --shared-secret-file /etc/vmsan/repl.secret
   (on the peer: the same with the addresses swapped and --role secondary)
-  then start (or restart) vmsan serve on both nodes.
+  With vmsan serve running, configure applies at once (no restart, clients
+  stay connected); otherwise start vmsan serve on both nodes.
+  vmsan repl remove vm1   makes it a plain volume again.
 
 Every replication connection authenticates the peer with the shared secret
 (HMAC challenge-response) and only the peer's address may connect;

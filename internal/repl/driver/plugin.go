@@ -35,6 +35,13 @@ import (
 //
 //	GET  /v1/repl                 every replica's Status (JSON list)
 //
+//	PUT    /v1/repl/{volume}      configure and apply now (lifecycle.go)
+//	DELETE /v1/repl/{volume}      remove replication (lifecycle.go)
+//
+// Replicas are added, reconfigured and removed while the daemon runs
+// (lifecycle.go); every volume's clients go through its route (route.go),
+// replicated or not.
+//
 // `vmsan status` gains a "replication" section, and /metrics the
 // vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {

@@ -19,7 +19,9 @@
 // challenge-response in the channel hello),
 // store.go (Settings on disk, meta.json, bitmap.bin, al.bin), migrate.go
 // (moving state from the old <data_dir>/repl/<volume>), plugin.go (the
-// daemon plugin, Configure, the delete and resize checks), observe.go and
+// daemon plugin, Configure, the delete and resize checks), lifecycle.go
+// (replicas added, reconfigured and removed on a running daemon), route.go
+// (the per-volume switch clients go through), observe.go and
 // status.go (logs, metrics, status), device.go (the wrapped device).
 // Received payloads come from the shared aligned buffer pool (alignbuf).
 //

@@ -182,6 +182,16 @@ func TestRuntimeReplicationChanges(t *testing.T) {
 	ioA.check(t, "adding replication")
 	ioB.check(t, "adding replication (other volume)")
 
+	// 1b. Timeouts and rates change in place: the link stays up.
+	before := n1.status().Disconnects
+	configure(n1, n2, "primary", "yes", "--resync-rate", "200M", "--ko-ticks", "400")
+	if st := n1.status(); st.Conn != "Connected" || st.Disconnects != before {
+		t.Fatalf("retuning dropped the link: %s, disconnects %d -> %d", st.Conn, before, st.Disconnects)
+	}
+	if b, _ := os.ReadFile(filepath.Join(n1.dir, "serve.log")); !strings.Contains(string(b), "replication settings applied in place") {
+		t.Fatal("rates and timeouts not applied in place (no log line)")
+	}
+
 	// 2. Protocol changed at runtime (both sides; they refuse to connect
 	// while they differ, then resync what was written meanwhile).
 	configure(n1, n2, "primary", "yes", "--protocol", "A")

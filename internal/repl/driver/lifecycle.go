@@ -56,8 +56,21 @@ func (p *Plugin) Apply(name string, s Settings) (Settings, error) {
 		p.log.Warn("replication settings changed at runtime for a volume with a replication section in the configuration file: the file's settings apply again at the next start", "volume", name)
 	}
 	r := p.replica(name)
-	if r != nil && reflect.DeepEqual(r.set, out.WithDefaults()) && sameSecret(r, out) {
-		return out, nil // nothing changed (as drbdadm adjust: a no-op)
+	if r != nil {
+		running := p.applied[name]
+		if reflect.DeepEqual(running.WithDefaults(), out.WithDefaults()) && sameSecret(r, out) {
+			return out, nil // nothing changed (as drbdadm adjust: a no-op)
+		}
+		if retunable(running, out) && sameSecret(r, out) {
+			// Timeouts and rates only: in place, the link stays up.
+			if err := r.Retune(out); err != nil {
+				SaveSettings(dir, running)
+				return out, fmt.Errorf("replication of %s: %w", name, err)
+			}
+			p.applied[name] = out
+			p.log.Info("replication settings applied in place", "volume", name)
+			return out, nil
+		}
 	}
 	restore := func() {
 		// Leave the settings file as the running state.
@@ -196,10 +209,12 @@ func (p *Plugin) quiesce(name string, rt *route, r *Replica) error {
 
 // stopReplica closes r (a clean stop: bitmap complete on disk) and forgets
 // it; the volume's device stays open for the next replica.
+// REQUIRES: lifeMu held.
 func (p *Plugin) stopReplica(name string, r *Replica) {
 	if err := r.Close(); err != nil {
 		p.log.Warn("replication stopped with an error", "volume", name, "err", err)
 	}
+	delete(p.applied, name)
 	p.mu.Lock()
 	if p.replicas[name] == r {
 		delete(p.replicas, name)

@@ -57,6 +57,10 @@ type Plugin struct {
 	// VolumeDeleted): one at a time per daemon, each pausing only its
 	// own volume's route.
 	lifeMu sync.Mutex
+	// applied are the settings each running replica runs with (under
+	// lifeMu; a replica's own copy is fixed at its start, and timeouts
+	// and rates may change in place since).
+	applied map[string]Settings
 
 	mu        sync.Mutex
 	replicas  map[string]*Replica
@@ -87,7 +91,7 @@ func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 			return nil, fmt.Errorf("replication of %s: %w", v.Name, err)
 		}
 	}
-	return &Plugin{dataDir: cfg.DataDir, log: log, fileVolumes: fileVolumes,
+	return &Plugin{dataDir: cfg.DataDir, log: log, fileVolumes: fileVolumes, applied: map[string]Settings{},
 		replicas: map[string]*Replica{}, devByName: map[string]export.Device{}, routes: map[string]*route{}}, nil
 }
 
@@ -178,6 +182,7 @@ func (p *Plugin) startReplica(name string, set Settings) error {
 	p.devByName[name] = dev
 	p.mu.Unlock()
 	rt.cur.Store(r)
+	p.applied[name] = set
 	p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
 	// The role the replica starts in (later changes come via OnRole).
 	p.d.SetVolumeRole(name, frontRole(r.role()))
@@ -369,6 +374,7 @@ func Configure(dataDir, name string, s Settings) (Settings, error) {
 func (p *Plugin) VolumeDeleted(name string) {
 	p.lifeMu.Lock()
 	defer p.lifeMu.Unlock()
+	delete(p.applied, name)
 	p.mu.Lock()
 	r := p.replicas[name]
 	delete(p.replicas, name)

@@ -43,6 +43,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -817,6 +818,32 @@ func (r *Replica) ConnectDiscardMyData() error {
 			return err
 		}
 		r.log.Warn("discard-my-data: if the next handshake finds split brain, this node's changes are dropped and it resyncs from the peer", "peer", r.set.Peer)
+		return nil
+	})
+}
+
+// retunable reports whether the replica running with old can take new in
+// place (Retune): they differ only in timeouts and resync rates, with the
+// same tick.
+func retunable(old, new Settings) bool {
+	a, b := old.WithDefaults(), new.WithDefaults()
+	if a.Ticks().Tick != b.Ticks().Tick {
+		return false
+	}
+	for _, s := range []*Settings{&a, &b} {
+		s.PingInterval, s.PingTimeout, s.KoTimeout, s.ALRetire, s.ResyncRate, s.ResyncMinRate = 0, 0, 0, 0, 0, 0
+		s.Tick = 0
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// Retune applies new timeouts and resync rates in place (see retunable):
+// the link stays up. REQUIRES: retunable(running settings, s).
+func (r *Replica) Retune(s Settings) error {
+	tk := s.WithDefaults().Ticks()
+	return r.call(func() error {
+		r.node.Retune(repl.Tunables{PingInterval: tk.PingInterval, PingTimeout: tk.PingTimeout, KoTicks: tk.KoTicks,
+			ALRetireTicks: tk.ALRetireTicks, ResyncRate: tk.ResyncRate, ResyncMinRate: tk.ResyncMinRate})
 		return nil
 	})
 }

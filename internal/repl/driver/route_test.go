@@ -154,3 +154,29 @@ func (c *checkDev) Submit(r *ioengine.Request) {
 	c.mu.Unlock()
 	c.Device.Submit(r)
 }
+
+// Timeouts and rates are applied in place; anything the handshake or the
+// link depends on (protocol, peer, the tick) restarts the replica.
+func TestRetunable(t *testing.T) {
+	base := Settings{Listen: "127.0.0.1:1", Peer: "127.0.0.1:2", Insecure: true, NodeID: 1}
+	with := func(f func(*Settings)) Settings { s := base; f(&s); return s }
+	for _, c := range []struct {
+		name string
+		s    Settings
+		want bool
+	}{
+		{"same", base, true},
+		{"resync rate", with(func(s *Settings) { s.ResyncRate = 1 << 20; s.ResyncMinRate = 1 << 10 }), true},
+		{"ko timeout", with(func(s *Settings) { s.KoTimeout = msD(20000) }), true},
+		{"ping timeout", with(func(s *Settings) { s.PingTimeout = msD(30000) }), true},
+		{"protocol", with(func(s *Settings) { s.Protocol = "A" }), false},
+		{"peer", with(func(s *Settings) { s.Peer = "127.0.0.1:3" }), false},
+		{"tick", with(func(s *Settings) { s.Tick = msD(20) }), false},
+		{"ping interval (derived tick)", with(func(s *Settings) { s.PingInterval = msD(200) }), false},
+		{"split brain", with(func(s *Settings) { s.SplitBrain = "discard-zero-changes" }), false},
+	} {
+		if got := retunable(base, c.s); got != c.want {
+			t.Errorf("%s: retunable %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -306,6 +306,8 @@ func (p *Plugin) WrapDevice(name string, dev export.Device) export.Device {
 
 // Stop closes every replica cleanly and releases the devices.
 func (p *Plugin) Stop() error {
+	p.lifeMu.Lock() // a change in progress finishes first
+	defer p.lifeMu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error

@@ -61,6 +61,9 @@ type Plugin struct {
 	// lifeMu; a replica's own copy is fixed at its start, and timeouts
 	// and rates may change in place since).
 	applied map[string]Settings
+	// listeners are the node's replication listeners, shared by the
+	// volumes configured with the same listen address (mux.go).
+	listeners *Listeners
 
 	mu        sync.Mutex
 	replicas  map[string]*Replica
@@ -91,7 +94,7 @@ func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 			return nil, fmt.Errorf("replication of %s: %w", v.Name, err)
 		}
 	}
-	return &Plugin{dataDir: cfg.DataDir, log: log, fileVolumes: fileVolumes, applied: map[string]Settings{},
+	return &Plugin{dataDir: cfg.DataDir, log: log, fileVolumes: fileVolumes, applied: map[string]Settings{}, listeners: NewListeners(log),
 		replicas: map[string]*Replica{}, devByName: map[string]export.Device{}, routes: map[string]*route{}}, nil
 }
 
@@ -167,7 +170,7 @@ func (p *Plugin) startReplica(name string, set Settings) error {
 	rt := p.route(name)
 	vol := name
 	r, err := Start(Options{Name: name, Dir: Dir(p.dataDir, name), Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: p.d.Events(),
-		Opens:  &rt.opens,
+		Opens: &rt.opens, Listeners: p.listeners,
 		OnRole: func(ro repl.Role) { p.d.SetVolumeRole(vol, frontRole(ro)) }})
 	if err != nil {
 		p.mu.Lock()

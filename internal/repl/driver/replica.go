@@ -79,6 +79,11 @@ type Options struct {
 	// plugin's per-volume count, kept across replica restarts); nil: the
 	// replica counts its own (Wrap).
 	Opens *atomic.Int64
+	// Listeners, if set, is the node's set of shared replication
+	// listeners (mux.go): the replica registers on the one for its Listen
+	// address, shared with the node's other volumes there. nil: a
+	// listener of its own.
+	Listeners *Listeners
 }
 
 // Replica is one replicated volume on this node.
@@ -119,8 +124,12 @@ type Replica struct {
 	sendMu    sync.Mutex
 	curSender *sender
 
-	ln       net.Listener
-	wantDial atomic.Bool
+	ln net.Listener // nil on a shared listener
+	// shared is the shared listener the replica is registered on
+	// (Options.Listeners), with its set; nil: ln.
+	shared    *sharedListener
+	listeners *Listeners
+	wantDial  atomic.Bool
 	// Who may connect (auth.go): the address filter, this side's part of
 	// the authenticated channel hello, a bound on handshakes in progress,
 	// and rate-limited logs of refused connections.
@@ -295,22 +304,33 @@ func Start(o Options) (*Replica, error) {
 	if err := r.process(); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", s.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
+	if o.Listeners != nil {
+		sl, err := o.Listeners.register(s.Listen, o.Name, r)
+		if err != nil {
+			return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
+		}
+		r.shared, r.listeners = sl, o.Listeners
+	} else {
+		ln, err := net.Listen("tcp", s.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
+		}
+		// Accept errors (EMFILE while another listener is flooded, ...)
+		// are logged and retried: the accept loop must outlive them, or
+		// the peer could never connect again.
+		r.ln = netutil.Retry(ln, r.log, "repl "+o.Name)
 	}
-	// Accept errors (EMFILE while another listener is flooded, ...) are
-	// logged and retried: the accept loop must outlive them, or the peer
-	// could never connect again.
-	r.ln = netutil.Retry(ln, r.log, "repl "+o.Name)
 	r.node.Listen()
 	r.process()
 	r.publish()
 	r.primary.Store(r.node.Status().Role == repl.Primary)
 	r.upToDate.Store(r.node.Status().Disk == repl.UpToDate)
-	r.wg.Add(3 + resyncReaders)
+	r.wg.Add(2 + resyncReaders)
 	go r.loop()
-	go r.acceptLoop()
+	if r.ln != nil {
+		r.wg.Add(1)
+		go r.acceptLoop()
+	}
 	go r.submitter()
 	// Several resync readers: the node keeps up to ResyncInflight reads in
 	// flight and completions are matched by id, so order does not matter.
@@ -345,7 +365,12 @@ func randGen() uint64 {
 }
 
 // Addr is the replication listener's address.
-func (r *Replica) Addr() net.Addr { return r.ln.Addr() }
+func (r *Replica) Addr() net.Addr {
+	if r.shared != nil {
+		return r.shared.ln.Addr()
+	}
+	return r.ln.Addr()
+}
 
 // ---- the loop ----
 
@@ -892,7 +917,11 @@ func (r *Replica) Close() error {
 		return r.process()
 	})
 	close(r.stop)
-	r.ln.Close()
+	if r.shared != nil {
+		r.listeners.unregister(r.shared, r.name, r)
+	} else {
+		r.ln.Close()
+	}
 	r.rxCond.Broadcast()
 	r.wg.Wait()
 	r.st.al.close()

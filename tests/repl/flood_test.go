@@ -67,7 +67,9 @@ func TestReconnectAfterFdFlood(t *testing.T) {
 	if p.a.rawSum() != p.b.rawSum() {
 		t.Fatal("replicas differ after the reconnect")
 	}
-	if !logHas("repl "+volName+": accept failed, retrying", "too many open files") {
+	// The volume's listener (shared by the node's volumes on that
+	// address) is named by its address.
+	if !logHas("repl "+p.b.replAddr+": accept failed, retrying", "too many open files") {
 		t.Error("b did not log its replication accept failures")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strconv"
 
+	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -44,15 +45,24 @@ var changeTimeout = drainTimeout
 // Apply writes a volume's replication settings and applies them at once.
 // The returned settings are those written (with the node id).
 func (p *Plugin) Apply(name string, s Settings) (Settings, error) {
+	return p.apply(name, s, false)
+}
+
+// apply is Apply; fromFile: the settings come from the configuration
+// file (a reload), not from `vmsan repl configure`.
+func (p *Plugin) apply(name string, s Settings, fromFile bool) (Settings, error) {
 	p.lifeMu.Lock()
 	defer p.lifeMu.Unlock()
+	if fromFile {
+		p.fileVolumes[name] = true
+	}
 	dir := Dir(p.dataDir, name)
 	old, oldErr := LoadSettings(dir)
 	out, err := Configure(p.dataDir, name, s)
 	if err != nil {
 		return out, err
 	}
-	if p.fileVolumes[name] {
+	if p.fileVolumes[name] && !fromFile {
 		p.log.Warn("replication settings changed at runtime for a volume with a replication section in the configuration file: the file's settings apply again at the next start", "volume", name)
 	}
 	r := p.replica(name)
@@ -107,6 +117,13 @@ func (p *Plugin) Apply(name string, s Settings) (Settings, error) {
 		p.log.Info("replication reconfigured at runtime", "volume", name, "peer", out.Peer, "old_peer", old.Peer)
 	}
 	return out, nil
+}
+
+// ReloadReplication applies a volume's replication section of the
+// configuration file on reload (daemon.ReplicationReloader), as Apply.
+func (p *Plugin) ReloadReplication(name string, r *config.Replication) error {
+	_, err := p.apply(name, r.Settings(), true)
+	return err
 }
 
 // sameSecret reports whether s's secret is the one r runs with (a secret

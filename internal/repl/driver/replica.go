@@ -858,6 +858,9 @@ func retunable(old, new Settings) bool {
 	for _, s := range []*Settings{&a, &b} {
 		s.PingInterval, s.PingTimeout, s.KoTimeout, s.ALRetire, s.ResyncRate, s.ResyncMinRate = 0, 0, 0, 0, 0, 0
 		s.Tick = 0
+		// The role counts at the very first start only (afterwards the
+		// persisted role wins): nothing to restart for.
+		s.Role = ""
 	}
 	return reflect.DeepEqual(a, b)
 }

@@ -169,6 +169,7 @@ func TestRetunable(t *testing.T) {
 		{"resync rate", with(func(s *Settings) { s.ResyncRate = 1 << 20; s.ResyncMinRate = 1 << 10 }), true},
 		{"ko timeout", with(func(s *Settings) { s.KoTimeout = msD(20000) }), true},
 		{"ping timeout", with(func(s *Settings) { s.PingTimeout = msD(30000) }), true},
+		{"role (first start only)", with(func(s *Settings) { s.Role = "primary" }), true},
 		{"protocol", with(func(s *Settings) { s.Protocol = "A" }), false},
 		{"peer", with(func(s *Settings) { s.Peer = "127.0.0.1:3" }), false},
 		{"tick", with(func(s *Settings) { s.Tick = msD(20) }), false},

@@ -260,7 +260,12 @@ func replConfigure(dataDir, volume string, s driver.Settings) (driver.Settings, 
 		return s, false, err
 	}
 	out, err := driver.LoadSettings(driver.Dir(dataDir, volume))
-	return out, true, err
+	if err != nil {
+		// Applied; only this process cannot read the file back (another
+		// user's data directory): report what was asked for.
+		out, s.NodeID = s, 0
+	}
+	return out, true, nil
 }
 
 // replRemove has a running daemon remove a volume's replication (applied

@@ -263,7 +263,7 @@ func replConfigure(dataDir, volume string, s driver.Settings) (driver.Settings, 
 	if err != nil {
 		// Applied; only this process cannot read the file back (another
 		// user's data directory): report what was asked for.
-		out, s.NodeID = s, 0
+		out = s
 	}
 	return out, true, nil
 }

@@ -201,6 +201,10 @@ func TestRuntimeReplicationChanges(t *testing.T) {
 	waitUntil(t, "protocol A on both", 30*time.Second, func() bool {
 		return n1.status().Protocol == "A" && n2.status().Protocol == "A"
 	})
+	// A node whose handshake was refused in between (protocols differed)
+	// went StandAlone; configure again connects it (as drbdadm adjust).
+	configure(n1, n2, "primary", "yes", "--protocol", "A")
+	configure(n2, n1, "secondary", "no", "--protocol", "A")
 	p12.waitSynced(t, 60*time.Second)
 	ioA.progress(t, "protocol A")
 	ioA.check(t, "changing the protocol")
@@ -357,6 +361,13 @@ func TestReloadAppliesReplication(t *testing.T) {
 	waitUntil(t, "protocol A on both after SIGHUP", 30*time.Second, func() bool {
 		return a.status().Protocol == "A" && b.status().Protocol == "A"
 	})
+	// A node whose handshake was refused while the other still had
+	// protocol B went StandAlone (as DRBD): connect it.
+	for _, n := range []*node{a, b} {
+		if n.status().Conn == "StandAlone" {
+			n.run("repl", "connect", volName)
+		}
+	}
 	p.waitSynced(t, 30*time.Second)
 	io.progress(t, "after reload")
 	// The client stayed connected throughout (a restart would have

@@ -69,7 +69,10 @@ func (p *Plugin) apply(name string, s Settings, fromFile bool) (Settings, error)
 	if r != nil {
 		running := p.applied[name]
 		if reflect.DeepEqual(running.WithDefaults(), out.WithDefaults()) && sameSecret(r, out) {
-			return out, nil // nothing changed (as drbdadm adjust: a no-op)
+			// Nothing changed (as drbdadm adjust: a no-op), except that a
+			// StandAlone replica connects again (e.g. its handshake was
+			// refused while the peer still had the old protocol).
+			return out, reconnect(r)
 		}
 		if retunable(running, out) && sameSecret(r, out) {
 			// Timeouts and rates only: in place, the link stays up.
@@ -79,7 +82,7 @@ func (p *Plugin) apply(name string, s Settings, fromFile bool) (Settings, error)
 			}
 			p.applied[name] = out
 			p.log.Info("replication settings applied in place", "volume", name)
-			return out, nil
+			return out, reconnect(r)
 		}
 	}
 	restore := func() {
@@ -131,6 +134,15 @@ func (p *Plugin) ReloadReplication(name string, r *config.Replication) error {
 func sameSecret(r *Replica, s Settings) bool {
 	sec, err := s.Secret()
 	return err == nil && string(sec) == string(r.hsParams.Secret)
+}
+
+// reconnect leaves StandAlone (Connect), as drbdadm adjust connects a
+// resource that is not connected.
+func reconnect(r *Replica) error {
+	if r.Status().Conn != repl.StandAlone.String() {
+		return nil
+	}
+	return r.Connect()
 }
 
 // ErrNotReplicated: the volume has no replication to remove.

@@ -45,11 +45,14 @@ iscsi:
 		t.Fatal(err)
 	}
 
-	// One session: 150 writes of 64 KiB, 10 ms apart, each then read back.
+	// One session: 300 writes of 64 KiB, 20 ms apart (6 s at least, so
+	// the two configure runs fall inside it even on a loaded machine),
+	// each then read back.
+	const writes = 300
 	var cmds []string
-	for i := 0; i < 150; i++ {
+	for i := 0; i < writes; i++ {
 		off := int64(i%64) * 65536
-		cmds = append(cmds, "-c", fmt.Sprintf("write -P 0x%02x %d 64k", i%200+1, off), "-c", fmt.Sprintf("read -P 0x%02x %d 64k", i%200+1, off), "-c", "sleep 10")
+		cmds = append(cmds, "-c", fmt.Sprintf("write -P 0x%02x %d 64k", i%200+1, off), "-c", fmt.Sprintf("read -P 0x%02x %d 64k", i%200+1, off), "-c", "sleep 20")
 	}
 	done, writing := make(chan struct{}), make(chan struct{})
 	var lines []string
@@ -109,7 +112,7 @@ iscsi:
 		t.Fatal("the iSCSI session's I/O did not finish")
 	}
 	s := strings.Join(lines, "\n")
-	if ioErr != nil || strings.Contains(s, "error") || strings.Contains(s, "fail") || strings.Contains(s, "Pattern verification") || strings.Count(s, "wrote ") != 150 {
+	if ioErr != nil || strings.Contains(s, "error") || strings.Contains(s, "fail") || strings.Contains(s, "Pattern verification") || strings.Count(s, "wrote ") != writes {
 		t.Fatalf("the iSCSI session saw errors (or lost writes) while replication was added: %v, %d writes acknowledged\n%s", ioErr, strings.Count(s, "wrote "), tailLines(s, 15))
 	}
 	sum := func(n *pairNode) [32]byte {

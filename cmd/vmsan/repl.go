@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -28,7 +29,9 @@ func newReplCmd() *cobra.Command {
   vmsan repl configure vm1 --listen 10.0.0.1:7789 --peer 10.0.0.2:7789 --role primary \
       --shared-secret-file /etc/vmsan/repl.secret
   (on the peer: the same with the addresses swapped and --role secondary)
-  then start (or restart) vmsan serve on both nodes.
+  With vmsan serve running, configure applies at once (no restart, clients
+  stay connected); otherwise start vmsan serve on both nodes.
+  vmsan repl remove vm1   makes it a plain volume again.
 
 Every replication connection authenticates the peer with the shared secret
 (HMAC challenge-response) and only the peer's address may connect;
@@ -53,8 +56,17 @@ See docs/replication.md for protocols, states and split brain.`,
 	var cfgJSON bool
 	configure := &cobra.Command{
 		Use:   "configure VOLUME --listen HOST:PORT --peer HOST:PORT --shared-secret-file FILE [--role primary|secondary] [--protocol A|B|C]",
-		Short: "Write a volume's replication settings (read by vmsan serve at start)",
-		Args:  cobra.ExactArgs(1),
+		Short: "Set a volume's replication settings (applied at once by a running vmsan serve, else at its start)",
+		Long: `Set a volume's replication settings.
+
+With vmsan serve running on the data directory, the daemon writes them and
+applies them at once, touching only this volume: replication starts on a
+plain volume, or the volume's replica restarts with the new settings
+(protocol, rates, timeouts, a new peer: a peer whose copy never synced with
+this node gets a full sync, holes skipped). The volume's clients stay
+connected; their requests wait while the replica restarts. Without a
+daemon the settings are written and read at its next start.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if rate != "" {
 				n, err := volume.ParseSize(rate)
@@ -86,7 +98,9 @@ See docs/replication.md for protocols, states and split brain.`,
 				}
 				s.SharedSecretFile = abs
 			}
-			out, err := driver.Configure(dataDir, args[0], s)
+			// A running daemon writes the settings and applies them now;
+			// without one they wait for the next start.
+			out, applied, err := replConfigure(dataDir, args[0], s)
 			if err != nil {
 				return err
 			}
@@ -97,8 +111,12 @@ See docs/replication.md for protocols, states and split brain.`,
 			if out.Insecure {
 				auth = "INSECURE (no peer authentication)"
 			}
-			fmt.Printf("replication of %s: listen %s, peer %s, protocol %s, %s, node id %x (restart vmsan serve to apply)\n",
-				args[0], out.Listen, out.Peer, orDefault(out.Protocol, "C"), auth, out.NodeID)
+			when := "no daemon running: applied when vmsan serve starts"
+			if applied {
+				when = "applied now"
+			}
+			fmt.Printf("replication of %s: listen %s, peer %s, protocol %s, %s, node id %x (%s)\n",
+				args[0], out.Listen, out.Peer, orDefault(out.Protocol, "C"), auth, out.NodeID, when)
 			return nil
 		},
 	}
@@ -160,7 +178,35 @@ StandAlone. See "Split brain" in docs/replication.md.`
 		}
 		return replOp(dataDir, args[0], "connect", asJSON)
 	}
-	rc.AddCommand(configure, promote, demote,
+	var removeForce bool
+	remove := &cobra.Command{
+		Use:   "remove VOLUME",
+		Short: "Stop replicating a volume and remove its replication state (a plain volume again; clients stay connected)",
+		Long: `Stop replicating a volume and remove its replication state.
+
+A running vmsan serve stops the volume's replica at once; the volume is then
+served as a plain volume, its clients stay connected. Without a daemon the
+state is removed and the volume starts plain at the next start. Refused when
+the local copy is not UpToDate unless --force. Run it on the peer too (or
+configure the peer with another partner). A volume with a replication
+section in the config file gets it back at the next start: remove the
+section as well.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			applied, err := replRemove(dataDir, args[0], removeForce)
+			if err != nil {
+				return err
+			}
+			if applied {
+				fmt.Printf("replication of %s removed (applied now)\n", args[0])
+			} else {
+				fmt.Printf("replication of %s removed (no daemon running)\n", args[0])
+			}
+			return nil
+		},
+	}
+	remove.Flags().BoolVar(&removeForce, "force", false, "remove even when the local copy is not UpToDate")
+	rc.AddCommand(configure, remove, promote, demote,
 		op("verify", "Online verify: compare hashes with the peer, mark and resync mismatches", "verify"),
 		connect,
 		op("disconnect", "Drop the connection and stay StandAlone", "disconnect"),
@@ -195,6 +241,49 @@ func replVolumeCommands() []*cobra.Command {
 	d.Flags().BoolVar(&demoteForce, "force", false, "demote even though clients hold the volume open (their writes then fail)")
 	return []*cobra.Command{p, d,
 		mk("verify", "Online verify of a replicated volume against its peer", "verify", nil)}
+}
+
+// replConfigure has a running daemon write and apply s (applied true), or
+// writes the settings file when no daemon serves dataDir.
+func replConfigure(dataDir, volume string, s driver.Settings) (driver.Settings, bool, error) {
+	c, err := daemon.Dial(dataDir)
+	if errors.Is(err, daemon.ErrNoDaemon) {
+		out, err := driver.Configure(dataDir, volume, s)
+		return out, false, err
+	}
+	if err != nil {
+		return s, false, err
+	}
+	defer c.Close()
+	var st driver.Status
+	if err := c.Do("PUT", "/v1/repl/"+url.PathEscape(volume), s, &st); err != nil {
+		return s, false, err
+	}
+	out, err := driver.LoadSettings(driver.Dir(dataDir, volume))
+	if err != nil {
+		// Applied; only this process cannot read the file back (another
+		// user's data directory): report what was asked for.
+		out = s
+	}
+	return out, true, nil
+}
+
+// replRemove has a running daemon remove a volume's replication (applied
+// true), or removes its state when no daemon serves dataDir.
+func replRemove(dataDir, volume string, force bool) (bool, error) {
+	c, err := daemon.Dial(dataDir)
+	if errors.Is(err, daemon.ErrNoDaemon) {
+		return false, driver.RemoveOffline(dataDir, volume, force)
+	}
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	q := ""
+	if force {
+		q = "?force=1"
+	}
+	return true, c.Do("DELETE", "/v1/repl/"+url.PathEscape(volume)+q, nil, nil)
 }
 
 func orDefault(s, d string) string {

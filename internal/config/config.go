@@ -485,18 +485,9 @@ func (c *Config) Validate() error {
 			errs = append(errs, v.Replication.validate(fmt.Sprintf("%s (%s).replication", where, v.Name))...)
 		}
 	}
-	// Two replicated volumes cannot share a listen address (each has its
-	// own listener).
-	listens := map[string]string{}
-	for _, v := range c.Volumes {
-		if v.Replication == nil || v.Replication.Listen == "" {
-			continue
-		}
-		if o, ok := listens[v.Replication.Listen]; ok {
-			add("volumes (%s).replication.listen %q: also used by volume %s", v.Name, v.Replication.Listen, o)
-		}
-		listens[v.Replication.Listen] = v.Name
-	}
+	// Replicated volumes may share a listen address: the node then has one
+	// replication listener for them, the channel hello naming the volume
+	// (repl/driver/mux.go).
 	errs = append(errs, c.ISCSI.validate()...)
 	if len(errs) > 0 {
 		return errors.New("invalid configuration:\n  " + strings.Join(errs, "\n  "))

@@ -403,10 +403,14 @@ func (d *Daemon) Status() Status {
 	}
 	d.statusMu.Lock()
 	defer d.statusMu.Unlock()
-	if len(d.statusFn) > 0 {
-		st.Extra = map[string]any{}
-		for k, fn := range d.statusFn {
-			st.Extra[k] = fn()
+	for k, fn := range d.statusFn {
+		// nil: the section has nothing to show now (replication with no
+		// replicated volume), so it is left out.
+		if v := fn(); v != nil {
+			if st.Extra == nil {
+				st.Extra = map[string]any{}
+			}
+			st.Extra[k] = v
 		}
 	}
 	return st

@@ -648,7 +648,8 @@ func (d *Daemon) Store() *volume.Store { return d.store }
 func (d *Daemon) Handle(pattern string, h http.Handler) { d.ctlMux.Handle(pattern, h) }
 
 // AddStatus adds a section to /v1/status under Extra[key]; fn is called on
-// every status request and must be safe for concurrent use.
+// every status request and must be safe for concurrent use; a nil result
+// leaves the section out.
 func (d *Daemon) AddStatus(key string, fn func() any) {
 	d.statusMu.Lock()
 	d.statusFn[key] = fn

@@ -234,15 +234,36 @@ func findVolume(vs []config.Volume, name string) (config.Volume, bool) {
 	return config.Volume{}, false
 }
 
+// ReplicationReloader is implemented by plugins that apply a volume's
+// replication section at runtime: ReloadReplication runs on reload when
+// the section was added or changed, for a volume that exists.
+type ReplicationReloader interface {
+	ReloadReplication(name string, r *config.Replication) error
+}
+
+// reloadReplication hands cv's replication section to the plugins that
+// apply it at runtime; false: none does.
+func (d *Daemon) reloadReplication(cv config.Volume) bool {
+	handled := false
+	for _, p := range d.plugins {
+		rr, ok := p.(ReplicationReloader)
+		if !ok {
+			continue
+		}
+		handled = true
+		if err := rr.ReloadReplication(cv.Name, cv.Replication); err != nil {
+			d.log.Error("reload: replication settings not applied", "volume", cv.Name, "err", err)
+		} else {
+			d.log.Info("reload: replication settings applied", "volume", cv.Name)
+		}
+	}
+	return handled
+}
+
 // reloadVolume brings one configured volume in line with its entry cv;
 // old is its previous entry (had: there was one).
 func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) error {
-	if had && !reflect.DeepEqual(cv.Replication, old.Replication) {
-		// The replication plugin reads its settings at start; changing them
-		// under a live connection (role, peer, protocol) is not safe to do
-		// piecemeal.
-		d.log.Warn("replication settings changed; restart to apply", "volume", cv.Name)
-	}
+	replChanged := had && !reflect.DeepEqual(cv.Replication, old.Replication)
 	m, err := d.store.Get(cv.Name)
 	switch {
 	case errors.Is(err, volume.ErrNotFound):
@@ -264,8 +285,17 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 	case err != nil:
 		return err
 	}
-	if !had && cv.Replication != nil {
-		d.log.Warn("replication settings added for an existing volume; restart to apply", "volume", cv.Name)
+	if (replChanged || !had) && cv.Replication != nil {
+		// A plugin that applies replication at runtime does it now (the
+		// replica restarts with the new settings, its clients held);
+		// without one the settings wait for a restart.
+		if !d.reloadReplication(cv) {
+			d.log.Warn("replication settings changed; restart to apply", "volume", cv.Name)
+		}
+	} else if replChanged {
+		// The section was removed: the volume keeps the replication it
+		// runs with (as at a start; `vmsan repl remove` removes it).
+		d.log.Warn("replication section removed from the configuration; replication keeps running (vmsan repl remove VOLUME removes it)", "volume", cv.Name)
 	}
 	if had && cv.Engine != old.Engine {
 		d.log.Warn("engine settings changed; restart to apply", "volume", cv.Name)

@@ -327,6 +327,23 @@ func (s *sim) run(t *testing.T, cmd string, args []string) string {
 	case "demote":
 		node().n.Demote()
 		s.stabilize()
+	case "retune":
+		// retune a ping_timeout=N ko=N ...: the node's tunables in place
+		// (unset keys: the node's current value).
+		sn := node()
+		c := sn.n.cfg
+		tn := Tunables{PingInterval: c.PingInterval, PingTimeout: c.PingTimeout, KoTicks: c.KoTicks, ALRetireTicks: c.ALRetireTicks,
+			ResyncRate: c.ResyncRate, ResyncMinRate: c.ResyncMinRate}
+		if v, ok := kv["ping_timeout"]; ok {
+			tn.PingTimeout = int(parseSize(v))
+		}
+		if v, ok := kv["ko"]; ok {
+			tn.KoTicks = int(parseSize(v))
+		}
+		if v, ok := kv["rate"]; ok {
+			tn.ResyncRate = parseSize(v)
+		}
+		sn.n.Retune(tn)
 	case "write", "trim", "flush":
 		sn := node()
 		w := Write{Op: OpWrite}

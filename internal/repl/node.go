@@ -349,6 +349,27 @@ type Node struct {
 // NewNode restores a node from its persisted state. bitmapWords and
 // alExtents are what the driver loaded (nil for a new volume). If m.Clean is
 // false (crash), the activity log's extents are marked out of sync.
+// Tunables are the Config fields a running node may change (Retune):
+// none of them is part of the handshake, so the peer need not agree.
+type Tunables struct {
+	PingInterval, PingTimeout, KoTicks, ALRetireTicks int
+	ResyncRate, ResyncMinRate                         int64
+}
+
+// Retune changes the node's timeouts and resync rates in place (zero
+// fields: the defaults, as in Config); they apply from the next tick,
+// with no disconnect. A resync in progress continues at the new rate.
+func (n *Node) Retune(t Tunables) {
+	c := n.cfg
+	c.PingInterval, c.PingTimeout, c.KoTicks, c.ALRetireTicks = t.PingInterval, t.PingTimeout, t.KoTicks, t.ALRetireTicks
+	c.ResyncRate, c.ResyncMinRate = t.ResyncRate, t.ResyncMinRate
+	c.setDefaults()
+	n.cfg = c
+	if c.ResyncRate > 0 {
+		n.budget = min(n.budget, c.ResyncRate)
+	}
+}
+
 func NewNode(cfg Config, m Meta, bitmapWords []uint64, alExtents []int64) *Node {
 	cfg.setDefaults()
 	n := &Node{

@@ -84,7 +84,9 @@ func TestReconnectAfterFdFlood(t *testing.T) {
 	if p.a.rawSum() != p.b.rawSum() {
 		t.Fatal("replicas differ after the reconnect")
 	}
-	if !p.b.logHas("repl "+volName+": accept failed, retrying", "too many open files") {
+	// The volume's listener (shared by the node's volumes on that
+	// address) is named by its address.
+	if !p.b.logHas("repl "+p.b.replAddr+": accept failed, retrying", "too many open files") {
 		t.Error("b did not log its replication accept failures")
 	}
 }

@@ -181,31 +181,51 @@ func (e *helloRefused) Unwrap() error { return e.err }
 func acceptHandshake(c net.Conn, p HandshakeParams) (ch byte, epoch uint64, err error) {
 	c.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer c.SetDeadline(time.Time{})
+	hello, name, err := readHello(c)
+	if err != nil {
+		return 0, 0, err
+	}
+	return acceptHello(c, hello, name, p)
+}
+
+// readHello reads the dialer's channel hello (bounded: at most
+// maxNameLen bytes of name) and returns it with the volume name it asks
+// for, so that a listener shared by several volumes can pick the volume
+// whose secret the rest of the handshake (acceptHello) checks. Nothing in
+// it is trusted yet: the name is bound into the transcript both proofs
+// cover. REQUIRES: the caller set c's deadline.
+func readHello(c net.Conn) (hello []byte, name string, err error) {
 	var h [16]byte
 	if _, err = io.ReadFull(c, h[:]); err != nil {
-		return 0, 0, &helloRefused{err: fmt.Errorf("channel hello: %w", err)}
+		return nil, "", &helloRefused{err: fmt.Errorf("channel hello: %w", err)}
 	}
 	if binary.BigEndian.Uint32(h[0:]) != chanMagic {
-		return 0, 0, &helloRefused{auth: true, err: errors.New("not a replication channel hello")}
+		return nil, "", &helloRefused{auth: true, err: errors.New("not a replication channel hello")}
 	}
 	if h[4] != chanVersion {
-		return 0, 0, &helloRefused{auth: true, err: fmt.Errorf("channel hello version %d, this node speaks %d "+
+		return nil, "", &helloRefused{auth: true, err: fmt.Errorf("channel hello version %d, this node speaks %d "+
 			"(version 1 is vmsan before peer authentication: upgrade the peer and set the same shared secret on both nodes)", h[4], chanVersion)}
 	}
 	if h[5] > chControl {
-		return 0, 0, &helloRefused{auth: true, err: fmt.Errorf("bad channel %d", h[5])}
+		return nil, "", &helloRefused{auth: true, err: fmt.Errorf("bad channel %d", h[5])}
 	}
 	n := int(binary.BigEndian.Uint16(h[14:]))
 	if n > maxNameLen {
-		return 0, 0, &helloRefused{auth: true, err: errors.New("volume name too long")}
+		return nil, "", &helloRefused{auth: true, err: errors.New("volume name too long")}
 	}
-	hello := make([]byte, 16+n+9+nonceLen)
+	hello = make([]byte, 16+n+9+nonceLen)
 	copy(hello, h[:])
 	if _, err = io.ReadFull(c, hello[16:]); err != nil {
-		return 0, 0, &helloRefused{err: fmt.Errorf("channel hello: %w", err)}
+		return nil, "", &helloRefused{err: fmt.Errorf("channel hello: %w", err)}
 	}
-	name := string(hello[16 : 16+n])
-	rest := hello[16+n:]
+	return hello, string(hello[16 : 16+n]), nil
+}
+
+// acceptHello finishes the acceptor's side after readHello: the volume
+// must be p's, then the challenge-response on p's secret.
+func acceptHello(c net.Conn, hello []byte, name string, p HandshakeParams) (ch byte, epoch uint64, err error) {
+	h := hello[:16]
+	rest := hello[16+len(name):]
 	if name != p.Name {
 		return 0, 0, &helloRefused{err: fmt.Errorf("peer connected for volume %q", name)}
 	}

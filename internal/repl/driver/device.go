@@ -60,31 +60,36 @@ func (d *device) Info() export.Info {
 
 var errNotUpToDate = fmt.Errorf("repl: local replica is not UpToDate (resync in progress): %w", syscall.EIO)
 
-func (d *device) Submit(req *export.Request) {
+func (d *device) Submit(req *export.Request) { d.r.submitClient(d.Device, req) }
+
+// submitClient routes one client request: reads to local (the client's
+// own reference to the volume's engine), everything else through
+// replication.
+func (r *Replica) submitClient(local export.Device, req *export.Request) {
 	if req.Op == export.OpCompareWrite || req.Op == export.OpOrWrite {
 		// Atomic against every client write of the volume: under the
 		// loop's range lock (rmw.go).
-		if !d.r.primary.Load() {
+		if !r.primary.Load() {
 			finish(req, mapErr(repl.ErrNotPrimary))
 			return
 		}
-		d.readModifyWrite(req)
+		r.readModifyWrite(local, req)
 		return
 	}
 	if export.IsCompound(req) {
 		// Replication mirrors primitive writes: a pattern write or a
 		// trim list runs as its steps, each replicated (ordered as
 		// separate requests; see ioengine.RunSteps).
-		export.RunSteps(req, d.Submit)
+		export.RunSteps(req, func(s *export.Request) { r.submitClient(local, s) })
 		return
 	}
 	switch req.Op {
 	case export.OpRead, export.OpCache:
-		if !d.r.upToDate.Load() {
+		if !r.upToDate.Load() {
 			finish(req, errNotUpToDate)
 			return
 		}
-		d.Device.Submit(req)
+		local.Submit(req)
 		return
 	case export.OpWriteZeroes:
 		if req.FastZero {
@@ -93,10 +98,10 @@ func (d *device) Submit(req *export.Request) {
 			return
 		}
 	}
-	d.r.waitSendRoom()
+	r.waitSendRoom()
 	select {
-	case d.r.events <- event{kind: evPropose, req: req}:
-	case <-d.r.done:
+	case r.events <- event{kind: evPropose, req: req}:
+	case <-r.done:
 		finish(req, fmt.Errorf("repl: replica stopped: %w", syscall.EIO))
 	}
 }

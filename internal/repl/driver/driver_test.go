@@ -56,7 +56,9 @@ type node struct {
 	r      *Replica
 	set    Settings
 	front  export.Device
-	fs     vfs.FS // metadata filesystem (nil: the real one)
+	fs     vfs.FS     // metadata filesystem (nil: the real one)
+	name   string     // volume name ("" : "v")
+	lns    *Listeners // shared listeners (nil: its own)
 }
 
 func freeAddr(t testing.TB) string {
@@ -77,7 +79,17 @@ func newNode(t testing.TB, dir string, size int64, set Settings, wrap func(backe
 	if set.SharedSecret == "" && set.SharedSecretFile == "" && !set.Insecure {
 		set.SharedSecret = testSecret
 	}
-	n := &node{t: t, dir: dir, path: filepath.Join(dir, "vol.raw"), set: set, wrapBE: wrap}
+	return newNodeWith(&node{t: t, dir: dir, path: filepath.Join(dir, "vol.raw"), set: set, wrapBE: wrap}, size)
+}
+
+// newNodeWith starts n (with n.name, n.lns as set) on a new or existing
+// volume file of size.
+func newNodeWith(n *node, size int64) *node {
+	t := n.t
+	t.Helper()
+	if n.set.SharedSecret == "" && n.set.SharedSecretFile == "" && !n.set.Insecure {
+		n.set.SharedSecret = testSecret
+	}
 	if _, err := os.Stat(n.path); err != nil {
 		if err := backend.CreateFile(n.path, size); err != nil {
 			t.Fatal(err)
@@ -102,7 +114,11 @@ func (n *node) start() {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	n.r, err = Start(Options{Name: "v", Dir: filepath.Join(n.dir, "repl"), Device: n.dev, Settings: n.set, Logger: log, FS: n.fs})
+	name := n.name
+	if name == "" {
+		name = "v"
+	}
+	n.r, err = Start(Options{Name: name, Dir: filepath.Join(n.dir, "repl"), Device: n.dev, Settings: n.set, Logger: log, FS: n.fs, Listeners: n.lns})
 	if err != nil {
 		n.t.Fatal(err)
 	}

@@ -49,6 +49,27 @@ func (r *Replica) admit(c net.Conn) {
 		return
 	}
 	ch, epoch, err := acceptHandshake(c, r.hsParams)
+	r.admitted(c, ch, epoch, err)
+}
+
+// admitHello is admit for a connection whose hello a shared listener read
+// (mux.go): this volume's address check, then the rest of the handshake
+// on this volume's secret. REQUIRES: c's handshake deadline is set.
+func (r *Replica) admitHello(c net.Conn, hello []byte, name string) {
+	if !r.filter.allowed(c.RemoteAddr()) {
+		r.refusedLog.warn(r.log, "addr", "refusing replication connection: not from the configured peer's address (set accept_from if the peer connects from another address)",
+			"remote", c.RemoteAddr().String(), "peer", r.set.Peer)
+		c.Close()
+		return
+	}
+	ch, epoch, err := acceptHello(c, hello, name, r.hsParams)
+	c.SetDeadline(time.Time{})
+	r.admitted(c, ch, epoch, err)
+}
+
+// admitted hands an authenticated connection to the loop, or logs why the
+// handshake failed and closes it.
+func (r *Replica) admitted(c net.Conn, ch byte, epoch uint64, err error) {
 	if err != nil {
 		msg, key := "refusing replication connection", "hello"
 		var hr *helloRefused

@@ -35,54 +35,84 @@ import (
 //
 //	GET  /v1/repl                 every replica's Status (JSON list)
 //
+//	PUT    /v1/repl/{volume}      configure and apply now (lifecycle.go)
+//	DELETE /v1/repl/{volume}      remove replication (lifecycle.go)
+//
+// Replicas are added, reconfigured and removed while the daemon runs
+// (lifecycle.go); every volume's clients go through its route (route.go),
+// replicated or not.
+//
 // `vmsan status` gains a "replication" section, and /metrics the
 // vmsan_repl_* series (Daemon.SetReplicaMetrics).
 type Plugin struct {
-	d       *daemon.Daemon // set by Start
+	d       *daemon.Daemon                      // set by Start
+	open    func(string) (export.Device, error) // set by Start
 	dataDir string
 	log     *slog.Logger
+	// fileVolumes are the volumes with a replication section in the
+	// daemon's configuration file (it wins again at the next start).
+	fileVolumes map[string]bool
+
+	// lifeMu serialises replica lifecycle changes (Apply, Remove,
+	// VolumeDeleted): one at a time per daemon, each pausing only its
+	// own volume's route.
+	lifeMu sync.Mutex
+	// applied are the settings each running replica runs with (under
+	// lifeMu; a replica's own copy is fixed at its start, and timeouts
+	// and rates may change in place since).
+	applied map[string]Settings
+	// listeners are the node's replication listeners, shared by the
+	// volumes configured with the same listen address (mux.go).
+	listeners *Listeners
 
 	mu        sync.Mutex
 	replicas  map[string]*Replica
 	devByName map[string]export.Device
+	// routes are every served volume's client routes (route.go), by name.
+	routes map[string]*route
+	// roleOwned: the volumes whose role the role controller owns
+	// (registered at the first replica start, kept across restarts).
+	roleOwned map[string]bool
 }
 
 // NewPlugin is a daemon.PluginFactory. Volumes with a replication section
 // in the daemon configuration get their settings written first (the file
-// wins over `vmsan repl configure`; the node id is kept). It returns nil
-// when no volume is configured for replication.
+// wins over `vmsan repl configure`; the node id is kept). The plugin is
+// built even when no volume is replicated yet: replication can be added
+// to any volume of the running daemon (Apply), so every volume's clients
+// go through its route.
 func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 	// State in the old layout moves first, so that nothing below reads or
 	// writes the old place.
 	if err := Migrate(cfg.DataDir, log); err != nil {
 		return nil, err
 	}
+	fileVolumes := map[string]bool{}
 	for _, v := range cfg.Volumes {
 		if v.Replication == nil {
 			continue
 		}
+		fileVolumes[v.Name] = true
 		if _, err := Configure(cfg.DataDir, v.Name, v.Replication.Settings()); err != nil {
 			return nil, fmt.Errorf("replication of %s: %w", v.Name, err)
 		}
 	}
-	if len(volume.StateVolumes(cfg.DataDir, settingsRel)) == 0 {
-		return nil, nil
-	}
-	return &Plugin{dataDir: cfg.DataDir, log: log, replicas: map[string]*Replica{}, devByName: map[string]export.Device{}}, nil
+	return &Plugin{dataDir: cfg.DataDir, log: log, fileVolumes: fileVolumes, applied: map[string]Settings{}, listeners: NewListeners(log),
+		replicas: map[string]*Replica{}, devByName: map[string]export.Device{}, routes: map[string]*route{}, roleOwned: map[string]bool{}}, nil
 }
 
 // Start opens every configured replica.
 func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error)) error {
 	p.d = d
+	p.open = open
 	for _, name := range volume.StateVolumes(p.dataDir, settingsRel) {
 		dir := Dir(p.dataDir, name)
 		set, err := LoadSettings(dir)
 		if err != nil {
 			return fmt.Errorf("replication of %s: %w", name, err)
 		}
-		vm, verr := d.Store().Get(name)
-		dev, err := open(name)
-		if errors.Is(err, export.ErrNotFound) {
+		_, verr := d.Store().Get(name)
+		if err := p.startReplica(name, set); errors.Is(err, export.ErrNotFound) {
 			if verr == nil {
 				// The volume exists but is not served (a damaged raw file,
 				// reported with its repair command when the daemon opened
@@ -95,30 +125,16 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 			// serve the other volumes.
 			p.log.Warn("replication state for a volume that does not exist; ignored (remove the directory)", "volume", name, "dir", dir)
 			continue
-		}
-		if err != nil {
-			return fmt.Errorf("replication of %s: volume: %w", name, err)
-		}
-		r, err := Start(Options{Name: name, Dir: dir, Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: d.Events(),
-			OnRole: p.onRole(name)})
-		if err != nil {
-			dev.Release()
+		} else if err != nil {
 			return err
 		}
-		p.mu.Lock()
-		p.replicas[name] = r
-		p.devByName[name] = dev
-		p.mu.Unlock()
-		p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
-		// The role controller owns the volume's role from now on: it
-		// publishes the role the replica starts in, runs promote and
-		// demote, and re-reads the role when the replica reports a change
-		// (onRole).
-		if err := d.Roles().Register(name, replicaRole{r}); err != nil {
-			return fmt.Errorf("replication of %s: %w", name, err)
-		}
 	}
-	d.AddStatus("replication", func() any { return p.Statuses() })
+	d.AddStatus("replication", func() any {
+		if st := p.Statuses(); len(st) > 0 {
+			return st
+		}
+		return nil // no replicated volume: no section
+	})
 	d.SetReplicaMetrics(p.Metrics)
 	d.AddEventSource(func() []events.Event {
 		var out []events.Event
@@ -131,7 +147,88 @@ func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error
 	d.Handle("GET /v1/repl", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		httpjson.Write(w, http.StatusOK, p.Statuses())
 	}))
+	d.Handle("PUT /v1/repl/{volume}", http.HandlerFunc(p.handleConfigure))
+	d.Handle("DELETE /v1/repl/{volume}", http.HandlerFunc(p.handleRemove))
 	return nil
+}
+
+// startReplica opens the volume's device and starts its replica with set,
+// routing the volume's clients through it. It returns an error wrapping
+// export.ErrNotFound when the volume is not served.
+// REQUIRES: lifeMu held or the daemon not yet serving (Start); the route
+// paused or not yet used by clients.
+func (p *Plugin) startReplica(name string, set Settings) error {
+	vm, err := p.d.Store().Get(name)
+	if err != nil {
+		return fmt.Errorf("replication of %s: volume: %w", name, err)
+	}
+	p.mu.Lock()
+	dev := p.devByName[name]
+	p.mu.Unlock()
+	if dev == nil {
+		if dev, err = p.open(name); err != nil {
+			return fmt.Errorf("replication of %s: volume: %w", name, err)
+		}
+	}
+	rt := p.route(name)
+	r, err := Start(Options{Name: name, Dir: Dir(p.dataDir, name), Device: dev, Settings: set, Logger: p.log, DataID: vm.DataID, Events: p.d.Events(),
+		Opens: &rt.opens, Listeners: p.listeners, OnRole: p.onRole(name)})
+	if err != nil {
+		p.mu.Lock()
+		if p.devByName[name] == nil {
+			dev.Release()
+		}
+		p.mu.Unlock()
+		return err
+	}
+	p.mu.Lock()
+	p.replicas[name] = r
+	p.devByName[name] = dev
+	p.mu.Unlock()
+	rt.cur.Store(r)
+	p.applied[name] = set
+	p.log.Info("replication started", "volume", name, "listen", set.Listen, "peer", set.Peer, "protocol", set.Protocol)
+	// The role controller owns the volume's role from the first start
+	// on: it publishes the role the replica starts in, runs promote and
+	// demote, and re-reads the role when the replica reports a change
+	// (onRole). Its actuator finds the replica by name, so a replica
+	// restarted by a reconfigure is the one it acts on.
+	p.mu.Lock()
+	owned := p.roleOwned[name]
+	p.roleOwned[name] = true
+	p.mu.Unlock()
+	if owned {
+		p.d.Roles().Observe(name) // the new replica's role
+		return nil
+	}
+	if err := p.d.Roles().Register(name, replicaRole{p, name}); err != nil {
+		return fmt.Errorf("replication of %s: %w", name, err)
+	}
+	return nil
+}
+
+// disownRole hands the volume's role back (replication removed or the
+// volume deleted): the front ends are told Standalone.
+func (p *Plugin) disownRole(name string) {
+	p.mu.Lock()
+	owned := p.roleOwned[name]
+	delete(p.roleOwned, name)
+	p.mu.Unlock()
+	if owned {
+		p.d.Roles().Unregister(name)
+	}
+}
+
+// route returns the volume's route, created on first use.
+func (p *Plugin) route(name string) *route {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rt := p.routes[name]
+	if rt == nil {
+		rt = &route{}
+		p.routes[name] = rt
+	}
+	return rt
 }
 
 // Statuses returns every replica's status, by volume name.
@@ -175,12 +272,33 @@ func (p *Plugin) onRole(name string) func(repl.Role) {
 	return func(repl.Role) { p.d.Roles().Observe(name) }
 }
 
-// replicaRole is a replica as the role controller's actuator.
-type replicaRole struct{ r *Replica }
+// replicaRole is a volume's replica as the role controller's actuator,
+// looked up by name at each call: a reconfigure replaces the *Replica.
+type replicaRole struct {
+	p    *Plugin
+	name string
+}
 
-func (a replicaRole) Role() role.Role          { return frontRole(a.r.role()) }
-func (a replicaRole) Promote(force bool) error { return a.r.Promote(force) }
-func (a replicaRole) Demote(force bool) error  { return a.r.Demote(force) }
+func (a replicaRole) Role() role.Role {
+	if r := a.p.replica(a.name); r != nil {
+		return frontRole(r.role())
+	}
+	return role.Standalone
+}
+
+func (a replicaRole) Promote(force bool) error {
+	if r := a.p.replica(a.name); r != nil {
+		return r.Promote(force)
+	}
+	return fmt.Errorf("replication of %s: %w", a.name, ErrNotReplicated)
+}
+
+func (a replicaRole) Demote(force bool) error {
+	if r := a.p.replica(a.name); r != nil {
+		return r.Demote(force)
+	}
+	return fmt.Errorf("replication of %s: %w", a.name, ErrNotReplicated)
+}
 
 // requestedBy names the caller of a role change for the controller's log
 // lines and events: the CLI passes "cli pid N" in ?by=.
@@ -248,16 +366,17 @@ func (p *Plugin) handle(w http.ResponseWriter, req *http.Request) {
 	httpjson.Write(w, http.StatusOK, r.Status())
 }
 
-// WrapDevice routes a replicated volume's client I/O through replication.
+// WrapDevice routes a volume's client I/O through its route: through
+// replication while the volume is replicated, straight to the engine
+// otherwise.
 func (p *Plugin) WrapDevice(name string, dev export.Device) export.Device {
-	if r := p.replica(name); r != nil {
-		return r.Wrap(dev)
-	}
-	return dev
+	return newRoutedDevice(p.route(name), dev)
 }
 
 // Stop closes every replica cleanly and releases the devices.
 func (p *Plugin) Stop() error {
+	p.lifeMu.Lock() // a change in progress finishes first
+	defer p.lifeMu.Unlock()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
@@ -316,18 +435,26 @@ func Configure(dataDir, name string, s Settings) (Settings, error) {
 // directory (volume.Store.Delete; the daemon removes anything the replica
 // wrote there before it stopped).
 func (p *Plugin) VolumeDeleted(name string) {
+	p.lifeMu.Lock()
+	defer p.lifeMu.Unlock()
+	delete(p.applied, name)
 	p.mu.Lock()
 	r := p.replicas[name]
 	delete(p.replicas, name)
 	dev := p.devByName[name]
 	delete(p.devByName, name)
+	rt := p.routes[name]
+	delete(p.routes, name)
 	p.mu.Unlock()
+	if rt != nil {
+		rt.failHeld(errVolumeDeleted)
+	}
 	if r == nil {
 		return
 	}
 	// Not replicated any more: the front ends go back to standalone (a
 	// volume created again under the name must not inherit the role).
-	p.d.Roles().Unregister(name)
+	p.disownRole(name)
 	if err := r.Close(); err != nil {
 		p.log.Warn("replication of a deleted volume stopped with an error", "volume", name, "err", err)
 	}

@@ -19,7 +19,9 @@
 // challenge-response in the channel hello),
 // store.go (Settings on disk, meta.json, bitmap.bin, al.bin), migrate.go
 // (moving state from the old <data_dir>/repl/<volume>), plugin.go (the
-// daemon plugin, Configure, the delete and resize checks), observe.go and
+// daemon plugin, Configure, the delete and resize checks), lifecycle.go
+// (replicas added, reconfigured and removed on a running daemon), route.go
+// (the per-volume switch clients go through), observe.go and
 // status.go (logs, metrics, status), device.go (the wrapped device).
 // Received payloads come from the shared aligned buffer pool (alignbuf).
 //
@@ -41,6 +43,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -76,6 +79,15 @@ type Options struct {
 	// FS is the filesystem meta.json, bitmap.bin and al.bin are written through
 	// (nil: the real one); tests inject failures with it.
 	FS vfs.FS
+	// Opens, if set, counts the clients holding the volume open (the
+	// plugin's per-volume count, kept across replica restarts); nil: the
+	// replica counts its own (Wrap).
+	Opens *atomic.Int64
+	// Listeners, if set, is the node's set of shared replication
+	// listeners (mux.go): the replica registers on the one for its Listen
+	// address, shared with the node's other volumes there. nil: a
+	// listener of its own.
+	Listeners *Listeners
 }
 
 // Replica is one replicated volume on this node.
@@ -106,7 +118,7 @@ type Replica struct {
 	epoch       uint64                  // loop only
 	pending     map[uint64]*pendingPair // loop only: accepted halves
 	inflight    atomic.Int64            // applies submitted and not completed
-	opens       atomic.Int64            // wrapped devices not released: clients holding the volume
+	opens       *atomic.Int64           // wrapped devices not released: clients holding the volume (Options.Opens)
 	queued      atomic.Int64            // applies in applyQ or being submitted by the submitter
 
 	// rxBudget bounds stream data received but not yet applied, so a slow
@@ -120,8 +132,12 @@ type Replica struct {
 	sendMu    sync.Mutex
 	curSender *sender
 
-	ln       net.Listener
-	wantDial atomic.Bool
+	ln net.Listener // nil on a shared listener
+	// shared is the shared listener the replica is registered on
+	// (Options.Listeners), with its set; nil: ln.
+	shared    *sharedListener
+	listeners *Listeners
+	wantDial  atomic.Bool
 	// Who may connect (auth.go): the address filter, this side's part of
 	// the authenticated channel hello, a bound on handshakes in progress,
 	// and rate-limited logs of refused connections.
@@ -285,6 +301,10 @@ func Start(o Options) (*Replica, error) {
 		hsSem:      make(chan struct{}, maxHandshakes),
 		refusedLog: newLogLimiter(10 * time.Second),
 		metaLog:    newLogLimiter(metaLogEvery),
+		opens:      o.Opens,
+	}
+	if r.opens == nil {
+		r.opens = new(atomic.Int64)
 	}
 	fdReserve() // opened before any flood can take the descriptors
 	r.rxCond = sync.NewCond(&r.rxMu)
@@ -299,22 +319,33 @@ func Start(o Options) (*Replica, error) {
 	if err := r.process(); err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", s.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
+	if o.Listeners != nil {
+		sl, err := o.Listeners.register(s.Listen, o.Name, r)
+		if err != nil {
+			return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
+		}
+		r.shared, r.listeners = sl, o.Listeners
+	} else {
+		ln, err := net.Listen("tcp", s.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("repl %s: listen %s: %w", o.Name, s.Listen, err)
+		}
+		// Accept errors (EMFILE while another listener is flooded, ...)
+		// are logged and retried: the accept loop must outlive them, or
+		// the peer could never connect again.
+		r.ln = netutil.Retry(ln, r.log, "repl "+o.Name)
 	}
-	// Accept errors (EMFILE while another listener is flooded, ...) are
-	// logged and retried: the accept loop must outlive them, or the peer
-	// could never connect again.
-	r.ln = netutil.Retry(ln, r.log, "repl "+o.Name)
 	r.node.Listen()
 	r.process()
 	r.publish()
 	r.primary.Store(r.node.Status().Role == repl.Primary)
 	r.upToDate.Store(r.node.Status().Disk == repl.UpToDate)
-	r.wg.Add(3 + resyncReaders)
+	r.wg.Add(2 + resyncReaders)
 	go r.loop()
-	go r.acceptLoop()
+	if r.ln != nil {
+		r.wg.Add(1)
+		go r.acceptLoop()
+	}
 	go r.submitter()
 	// Several resync readers: the node keeps up to ResyncInflight reads in
 	// flight and completions are matched by id, so order does not matter.
@@ -349,7 +380,12 @@ func randGen() uint64 {
 }
 
 // Addr is the replication listener's address.
-func (r *Replica) Addr() net.Addr { return r.ln.Addr() }
+func (r *Replica) Addr() net.Addr {
+	if r.shared != nil {
+		return r.shared.ln.Addr()
+	}
+	return r.ln.Addr()
+}
 
 // ---- the loop ----
 
@@ -875,6 +911,59 @@ func (r *Replica) ConnectDiscardMyData() error {
 	})
 }
 
+// retunable reports whether the replica running with old can take new in
+// place (Retune): they differ only in timeouts and resync rates, with the
+// same tick.
+func retunable(old, new Settings) bool {
+	a, b := old.WithDefaults(), new.WithDefaults()
+	if a.Ticks().Tick != b.Ticks().Tick {
+		return false
+	}
+	for _, s := range []*Settings{&a, &b} {
+		s.PingInterval, s.PingTimeout, s.KoTimeout, s.ALRetire, s.ResyncRate, s.ResyncMinRate = 0, 0, 0, 0, 0, 0
+		s.Tick = 0
+		// The role counts at the very first start only (afterwards the
+		// persisted role wins): nothing to restart for.
+		s.Role = ""
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// Retune applies new timeouts and resync rates in place (see retunable):
+// the link stays up. REQUIRES: retunable(running settings, s).
+func (r *Replica) Retune(s Settings) error {
+	tk := s.WithDefaults().Ticks()
+	return r.call(func() error {
+		r.node.Retune(repl.Tunables{PingInterval: tk.PingInterval, PingTimeout: tk.PingTimeout, KoTicks: tk.KoTicks,
+			ALRetireTicks: tk.ALRetireTicks, ResyncRate: tk.ResyncRate, ResyncMinRate: tk.ResyncMinRate})
+		return nil
+	})
+}
+
+// errClientsPending: drainClients is still waiting for client requests.
+var errClientsPending = errors.New("repl: client requests still pending")
+
+// drainClients waits until no client request is held by the replica
+// (proposed and not yet answered), or until timeout. The caller has
+// stopped new client requests from reaching it (the plugin's pause):
+// events are handled in order, so a check run on the loop sees every
+// request submitted before it.
+func (r *Replica) drainClients(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := r.call(func() error {
+			if n := len(r.clients); n > 0 {
+				return fmt.Errorf("%w (%d)", errClientsPending, n)
+			}
+			return nil
+		})
+		if err == nil || !errors.Is(err, errClientsPending) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // Close stops replication cleanly: waits (bounded) for local writes in
 // flight, records a clean shutdown (bitmap complete, activity log need not
 // be replayed) and stops every goroutine. It does not close the device.
@@ -895,7 +984,11 @@ func (r *Replica) Close() error {
 		return r.process()
 	})
 	close(r.stop)
-	r.ln.Close()
+	if r.shared != nil {
+		r.listeners.unregister(r.shared, r.name, r)
+	} else {
+		r.ln.Close()
+	}
 	r.rxCond.Broadcast()
 	r.wg.Wait()
 	r.st.al.close()

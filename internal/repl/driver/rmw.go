@@ -158,13 +158,13 @@ func (r *Replica) onLoop(fn func()) bool {
 var errStopped = fmt.Errorf("repl: replica stopped: %w", syscall.EIO)
 
 // readModifyWrite runs an OpCompareWrite or OpOrWrite on the replicated
-// device d under a range lock (see above), on a goroutine of its own.
-func (d *device) readModifyWrite(req *export.Request) {
-	go func() { finish(req, d.rmwSteps(req)) }()
+// volume under a range lock (see above), on a goroutine of its own; local
+// is the client's own reference to the volume's engine (its reads).
+func (r *Replica) readModifyWrite(local export.Device, req *export.Request) {
+	go func() { finish(req, r.rmwSteps(local, req)) }()
 }
 
-func (d *device) rmwSteps(req *export.Request) error {
-	r := d.r
+func (r *Replica) rmwSteps(local export.Device, req *export.Request) error {
 	l := &rmwLock{off: req.Offset, end: req.Offset + req.Length, granted: make(chan struct{})}
 	if !r.onLoop(func() { r.rmwLocks = append(r.rmwLocks, l); r.rmwGrant() }) {
 		return errStopped
@@ -179,7 +179,7 @@ func (d *device) rmwSteps(req *export.Request) error {
 	n := req.Length
 	cur := req.Aux[:n]
 	rd := &export.Request{Op: export.OpRead, Offset: req.Offset, Length: n, Data: cur, Done: func(*export.Request) { ch <- struct{}{} }}
-	d.Submit(rd)
+	r.submitClient(local, rd)
 	<-ch
 	if rd.Err != nil {
 		return rd.Err

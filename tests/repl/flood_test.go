@@ -121,6 +121,12 @@ func TestMetadataWriteDuringFdFlood(t *testing.T) {
 	// The link breaks while a has no descriptor left; a must record the
 	// writes that follow as out of sync, durably, before acknowledging.
 	p.px.Refuse(true)
+	// The broken link frees a's two replication sockets: take them (and
+	// any other descriptor freed meanwhile) with more idle connections,
+	// or the metadata writes below may find them free, depending on how
+	// the machine schedules the two (seen on a loaded 2-core machine).
+	waitUntil(t, "a to notice the cut link", 10*time.Second, func() bool { return p.a.status().Conn != "Connected" })
+	flood = append(flood, floodNBD(t, p.a, 50)...)
 	const nw = 8
 	done := make(chan error, 1)
 	go func() {

@@ -37,17 +37,22 @@ var neutralPkgs = []string{"internal/metrics"}
 
 // configAllowed are the only project packages config may import directly:
 // value parsers and constants (volume.ParseSize, backend.ParseCacheMode,
-// proto.DefaultMaxPayload) of packages that import nothing above them.
+// config.Size) of packages that import nothing above them. No front end:
+// config repeats the NBD limits it needs (a test on the NBD side checks
+// the copies).
 var configAllowed = map[string]bool{
-	"internal/volume":    true,
-	"internal/backend":   true,
-	"internal/nbd/proto": true,
+	"internal/volume":  true,
+	"internal/backend": true,
 	// replset is the replication settings type (durations, protocol and
 	// split-brain policy with their parsers, defaults, validation): config
 	// converts its replication section to it and validates with it. It
 	// is a leaf (leafPkgs), so this pulls in no subsystem.
 	"internal/replset": true,
 }
+
+// hostPkgs are the interfaces the daemon implements for what it hosts:
+// host.Host for plugins.
+var hostPkgs = []string{"internal/host"}
 
 // leafPkgs import nothing from the project.
 var leafPkgs = []string{"internal/replset", "internal/alignbuf", "internal/netutil", "internal/vfs"}
@@ -161,6 +166,19 @@ func TestLayering(t *testing.T) {
 				if family(d) != "" || d == "internal/daemon" || d == "internal/repl" || strings.HasPrefix(d, "internal/repl/") {
 					bad = append(bad, p+" (runtime) imports "+d)
 				}
+			}
+		}
+	}
+	// The host seams (what the daemon offers plugins and front ends) are
+	// built by the daemon, not on it: they import no daemon, no front end
+	// and no plugin, so whatever is built against them does not either.
+	for _, p := range hostPkgs {
+		if _, ok := g[p]; !ok {
+			bad = append(bad, p+" (host seam) not found")
+		}
+		for _, d := range g[p].deps {
+			if family(d) != "" || d == "internal/daemon" || strings.HasPrefix(d, "internal/repl/driver") {
+				bad = append(bad, p+" (host seam) imports "+d)
 			}
 		}
 	}

@@ -46,7 +46,6 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/vmsan/vmsan/internal/backend"
-	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/replset"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -58,8 +57,10 @@ const (
 	DefaultVolumeName = "default"
 	DefaultVolumeSize = 10 << 30
 	// DefaultMaxPayload is the NBD spec's 32 MiB, which every client
-	// accepts without negotiation.
-	DefaultMaxPayload = proto.DefaultMaxPayload
+	// accepts without negotiation. It repeats nbd/proto's
+	// DefaultMaxPayload so that config imports no front end; a test on
+	// the NBD side (nbd/proto) asserts the two are equal.
+	DefaultMaxPayload = 32 << 20
 )
 
 // Size is a byte count that unmarshals from "20G" style strings or plain

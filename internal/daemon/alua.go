@@ -51,13 +51,13 @@ type roleDrainer interface {
 	drainVolume(name string, timeout time.Duration) error
 }
 
-// DrainVolume waits (bounded by timeout) until every command that front
+// drainVolume waits (bounded by timeout) until every command that front
 // ends admitted for the volume before the role controller published
 // RoleChanging has completed. The controller calls it between that and a
 // promote or demote (role.Options.Drain), so no
 // write admitted as primary meets the read-only secondary (EROFS, which
 // an initiator would see as a target error instead of a path change).
-func (d *Daemon) DrainVolume(name string, timeout time.Duration) error {
+func (d *Daemon) drainVolume(name string, timeout time.Duration) error {
 	for _, fe := range d.frontEnds {
 		if o, ok := fe.(roleDrainer); ok {
 			if err := o.drainVolume(name, timeout); err != nil {

@@ -168,7 +168,7 @@ func TestReplicatedPairALUA(t *testing.T) {
 
 	// Every command above completed: the switch-over's drain (through the
 	// per-volume target) finds nothing admitted and returns at once.
-	if err := r.d.DrainVolume(config.DefaultVolumeName, time.Second); err != nil {
+	if err := r.d.drainVolume(config.DefaultVolumeName, time.Second); err != nil {
 		t.Fatalf("DrainVolume with nothing in flight: %v", err)
 	}
 	if n := tg.Admitted(); n != 0 {

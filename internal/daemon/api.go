@@ -24,8 +24,8 @@ import (
 //
 // Errors are APIError bodies with a stable Code, which the Client maps back
 // to the volume package's sentinel errors so errors.Is works across the
-// socket. New subsystems (replication) add endpoints with Daemon.Handle and
-// fields to /v1/status with Daemon.AddStatus; clients must ignore unknown
+// socket. New subsystems (replication) add endpoints with host.Host.Handle and
+// fields to /v1/status with host.Host.AddStatus; clients must ignore unknown
 // fields.
 
 // APIVersion is reported in Status; bump it on incompatible changes.
@@ -125,7 +125,7 @@ type Status struct {
 	// Server is the NBD server's statistics snapshot (also in FrontEnds'
 	// detail; kept so existing readers of this field keep working).
 	Server any `json:"server,omitempty"`
-	// Extra holds sections added with Daemon.AddStatus (e.g. "replication").
+	// Extra holds sections added with host.Host.AddStatus (e.g. "replication").
 	Extra map[string]any `json:"extra,omitempty"`
 }
 

@@ -57,7 +57,6 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/events"
-	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
@@ -176,21 +175,6 @@ type Daemon struct {
 	noSpace noSpaceWatch
 }
 
-// Plugin extends a daemon with per-volume features that live outside this
-// package (replication, internal/repl/driver). `vmsan serve` passes them
-// in Options.Plugins; a daemon built in a test gets exactly the plugins
-// the test passes.
-type Plugin interface {
-	// Start runs once the volumes are open and the control socket is up,
-	// before anything is served. open returns a volume's device without
-	// any plugin wrapping (release it with Release when done).
-	Start(d *Daemon, open func(name string) (export.Device, error)) error
-	// WrapDevice may wrap the device a front end gets from the registry.
-	WrapDevice(name string, dev export.Device) export.Device
-	// Stop runs at shutdown after front ends drained, before volumes close.
-	Stop() error
-}
-
 // VolumeDeleter is implemented by plugins that hold a volume open or keep
 // live per-volume state: VolumeDeleted runs after a (forced) delete
 // removed the volume (and its state directory), to stop using it; the
@@ -227,40 +211,6 @@ func checkResize(resizeChecks []ResizeCheck, dataDir, name string, size int64) e
 		}
 	}
 	return nil
-}
-
-// PluginFactory builds a plugin for a daemon's configuration; it returns
-// nil, nil when the plugin has nothing to do.
-type PluginFactory func(cfg config.Config, log *slog.Logger) (Plugin, error)
-
-func (d *Daemon) startPlugins() error {
-	for _, f := range d.opts.Plugins {
-		p, err := f(d.cfg, d.log)
-		if err != nil {
-			return err
-		}
-		if p == nil {
-			continue
-		}
-		d.plugins = append(d.plugins, p)
-		d.wraps = append(d.wraps, p.WrapDevice)
-		if err := p.Start(d, func(name string) (export.Device, error) { return registry{d}.open(name, false) }); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (d *Daemon) stopPlugins() error {
-	var errs []error
-	d.pluginsStop.Do(func() {
-		for i := len(d.plugins) - 1; i >= 0; i-- {
-			if err := d.plugins[i].Stop(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	})
-	return errors.Join(errs...)
 }
 
 // New opens the data directory, binds all listeners, then ensures the
@@ -347,9 +297,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	}
 	// The role controller exists before any plugin registers a volume
 	// with it, and its one subscriber (the front ends) before any role.
-	d.roleCtl = role.New(role.Options{Drain: d.DrainVolume, DrainTimeout: opts.RoleDrainTimeout, Log: log, Events: d.events})
+	d.roleCtl = role.New(role.Options{Drain: d.drainVolume, DrainTimeout: opts.RoleDrainTimeout, Log: log, Events: d.events})
 	d.roleCtl.Subscribe(func(e role.Event) { d.setVolumeRole(e.Volume, e.Role) })
-	d.AddEventSource(d.roleCtl.ExistsEvents)
+	pluginHost{d}.AddEventSource(d.roleCtl.ExistsEvents)
 	if err = d.startPlugins(); err != nil {
 		return nil, err
 	}
@@ -645,18 +595,6 @@ func (d *Daemon) Store() *volume.Store { return d.store }
 
 // Server is the NBD server (for its statistics).
 func (d *Daemon) Server() *server.Server { return d.nbd.srv }
-
-// Handle registers an extra control API endpoint (Go 1.22 ServeMux pattern,
-// e.g. "POST /v1/volumes/{name}/promote"). Call before Run.
-func (d *Daemon) Handle(pattern string, h http.Handler) { d.ctlMux.Handle(pattern, h) }
-
-// AddStatus adds a section to /v1/status under Extra[key]; fn is called on
-// every status request and must be safe for concurrent use.
-func (d *Daemon) AddStatus(key string, fn func() any) {
-	d.statusMu.Lock()
-	d.statusFn[key] = fn
-	d.statusMu.Unlock()
-}
 
 // bannerExport is the volume the banner shows: the default export, else
 // the first by name; "" when there are no volumes.

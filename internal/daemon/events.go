@@ -35,15 +35,6 @@ const eventWriteTimeout = 30 * time.Second
 // Events is the daemon's event bus; plugins publish on it.
 func (d *Daemon) Events() *events.Bus { return d.events }
 
-// AddEventSource adds fn's events to the "exists" snapshot each new
-// subscriber gets (the replication plugin: one line per replica). fn must
-// be safe for concurrent use. Call before Run.
-func (d *Daemon) AddEventSource(fn func() []events.Event) {
-	d.statusMu.Lock()
-	d.eventSrc = append(d.eventSrc, fn)
-	d.statusMu.Unlock()
-}
-
 // sessionChanged is every front end's Sessions watcher: the connect and
 // disconnect log lines (with the client's address and, on disconnect, how
 // long it stayed) and the client events.

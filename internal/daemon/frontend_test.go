@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/host"
 	"github.com/vmsan/vmsan/internal/nbd/client"
 )
 
@@ -73,7 +74,7 @@ func TestStatusListsClients(t *testing.T) {
 // from Options (no global registration).
 type countingPlugin struct{ wrapped int }
 
-func (p *countingPlugin) Start(*Daemon, func(string) (export.Device, error)) error { return nil }
+func (p *countingPlugin) Start(host.Host, func(string) (export.Device, error)) error { return nil }
 func (p *countingPlugin) WrapDevice(_ string, dev export.Device) export.Device {
 	p.wrapped++
 	return dev

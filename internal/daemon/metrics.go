@@ -57,11 +57,6 @@ func (d *Daemon) metricsIndex(w http.ResponseWriter, r *http.Request) {
 // replMetricsFn supplies replication series (see SetReplicaMetrics).
 type replMetricsFn = func() []metrics.Replica
 
-// SetReplicaMetrics makes /metrics include replication series: fn is
-// called at every scrape and must be safe for concurrent use (the
-// replication plugin sets it; the daemon does not know the repl packages).
-func (d *Daemon) SetReplicaMetrics(fn func() []metrics.Replica) { d.replMetrics.Store(&fn) }
-
 // Replicas implements metrics.ReplicaSource.
 func (s metricsSource) Replicas() []metrics.Replica {
 	if fn := s.d.replMetrics.Load(); fn != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/host"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/scsi"
 )
@@ -23,7 +24,7 @@ type gatePlugin struct {
 	act  *fakeActuator
 }
 
-func (p *gatePlugin) Start(d *Daemon, _ func(string) (export.Device, error)) error {
+func (p *gatePlugin) Start(d host.Host, _ func(string) (export.Device, error)) error {
 	return d.Roles().Register(config.DefaultVolumeName, p.act)
 }
 func (p *gatePlugin) WrapDevice(_ string, dev export.Device) export.Device {
@@ -71,7 +72,7 @@ func (f *fakeActuator) Demote(bool) error  { return f.set(RoleSecondary) }
 
 // TestRoleChangeDrainTimeoutALUA: the role controller as the daemon wires
 // it, with a WRITE admitted as primary stuck at the device. A plain demote
-// waits (Daemon.DrainVolume -> the per-volume target's WaitAdmitted), is
+// waits (the daemon's drainVolume -> the per-volume target's WaitAdmitted), is
 // refused with "role unchanged", and the groups are back to the primary's
 // states without the replica being asked; a forced demote goes ahead after
 // the wait with a warning, and the groups become standby.

@@ -51,8 +51,8 @@ var configAllowed = map[string]bool{
 }
 
 // hostPkgs are the interfaces the daemon implements for what it hosts:
-// host.Host for plugins.
-var hostPkgs = []string{"internal/host"}
+// host.Host for plugins, frontend.Host for front ends.
+var hostPkgs = []string{"internal/host", "internal/frontend"}
 
 // leafPkgs import nothing from the project.
 var leafPkgs = []string{"internal/replset", "internal/alignbuf", "internal/netutil", "internal/vfs"}

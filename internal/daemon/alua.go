@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/role"
 )
 
@@ -36,21 +37,6 @@ const (
 // New (setVolumeRole).
 func (d *Daemon) Roles() *role.Controller { return d.roleCtl }
 
-// roleObserver is implemented by front ends that present roles
-// (iscsiFrontEnd). volumeRoleChanged must not change roles
-// (role.Subscriber).
-type roleObserver interface {
-	volumeRoleChanged(name string, r VolumeRole)
-}
-
-// roleDrainer is implemented by front ends that can wait until the
-// commands they admitted under the previous role have completed
-// (iscsiFrontEnd: the per-volume logical unit's ALUA-checked commands).
-// The role controller calls it through DrainVolume.
-type roleDrainer interface {
-	drainVolume(name string, timeout time.Duration) error
-}
-
 // drainVolume waits (bounded by timeout) until every command that front
 // ends admitted for the volume before the role controller published
 // RoleChanging has completed. The controller calls it between that and a
@@ -59,8 +45,8 @@ type roleDrainer interface {
 // an initiator would see as a target error instead of a path change).
 func (d *Daemon) drainVolume(name string, timeout time.Duration) error {
 	for _, fe := range d.frontEnds {
-		if o, ok := fe.(roleDrainer); ok {
-			if err := o.drainVolume(name, timeout); err != nil {
+		if o, ok := fe.(frontend.RoleDrainer); ok {
+			if err := o.DrainVolume(name, timeout); err != nil {
 				return fmt.Errorf("volume %s: %w", name, err)
 			}
 		}
@@ -100,14 +86,14 @@ func (d *Daemon) setVolumeRole(name string, r VolumeRole) {
 	}
 	d.log.Info("volume role for front ends", "volume", name, "role", r.String(), "was", old.String())
 	for _, fe := range d.frontEnds {
-		if o, ok := fe.(roleObserver); ok {
-			o.volumeRoleChanged(name, r)
+		if o, ok := fe.(frontend.RoleObserver); ok {
+			o.VolumeRoleChanged(name, r)
 		}
 	}
 }
 
-// VolumeRole returns a volume's role (RoleStandalone unless set).
-func (d *Daemon) VolumeRole(name string) VolumeRole {
+// volumeRole returns a volume's role (RoleStandalone unless set).
+func (d *Daemon) volumeRole(name string) VolumeRole {
 	d.roles.mu.Lock()
 	defer d.roles.mu.Unlock()
 	return d.roles.m[name]

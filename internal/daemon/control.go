@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/events"
+	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -259,7 +260,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 	// Idle holds (iSCSI logical units between sessions) would keep the
 	// instance closed below: let them go; the next command opens the new one.
 	for _, fe := range d.frontEnds {
-		if h, ok := fe.(idleHolder); ok {
+		if h, ok := fe.(frontend.IdleHolder); ok {
 			h.ReleaseIdle(name)
 		}
 	}

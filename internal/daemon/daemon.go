@@ -1,9 +1,11 @@
-// Package daemon wires vmsan together: volume store -> volume runtime
-// (volrt.Volume: backend + I/O engine) -> export registry -> a list of
-// front ends (NBD today; frontEndFactories), plus the control socket,
-// metrics, plugins and signal-driven shutdown. It knows no protocol: each
-// front end implements FrontEnd (daemon/nbd.go for NBD), and adding one is
-// a line in frontEndFactories.
+// Package daemon is the composition root: it wires volume store ->
+// volume runtime (volrt.Volume: backend + I/O engine) -> export registry
+// -> a list of front ends (frontEndFactories: NBD, iSCSI), plus the
+// control socket, metrics, plugins and signal-driven shutdown. It knows no
+// protocol: each front end is built against frontend.Host (feHost) and
+// implements frontend.FrontEnd (daemon/nbd.go for NBD, package
+// iscsi/iscsifront for iSCSI); plugins are built against host.Host
+// (pluginHost). Adding a front end is a line in frontEndFactories.
 //
 // Simplest use (what `vmsan serve` does):
 //
@@ -57,6 +59,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/events"
+	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
@@ -463,7 +466,7 @@ func (d *Daemon) inUse(name string) bool { return d.volumeClients(name) > 0 }
 // volumeClients is the one definition of "in use" every command applies
 // (volume list's EXPORTS, delete, set, rollback): the references front
 // ends hold on the volume for connected clients, that is, all of them but
-// the idle holds (idleHolder) of front ends with no client on it.
+// the idle holds (frontend.IdleHolder) of front ends with no client on it.
 func (d *Daemon) volumeClients(name string) int64 {
 	v := (*d.vols.Load())[name]
 	if v == nil {
@@ -475,22 +478,11 @@ func (d *Daemon) volumeClients(name string) int64 {
 func (d *Daemon) clientsOf(name string, v *volrt.Volume) int64 {
 	refs := v.Refs()
 	for _, fe := range d.frontEnds {
-		if h, ok := fe.(idleHolder); ok {
+		if h, ok := fe.(frontend.IdleHolder); ok {
 			refs -= h.IdleHolds(name)
 		}
 	}
 	return max(refs, 0)
-}
-
-// idleHolder is a front end that holds volumes open without a client (the
-// iSCSI front end's logical units keep their volume between sessions).
-// IdleHolds returns how many of vol's references are such holds, so they
-// do not count as connected clients; ReleaseIdle drops them (before the
-// volume is closed and reopened with new settings: the holds would keep
-// the closed instance).
-type idleHolder interface {
-	IdleHolds(vol string) int64
-	ReleaseIdle(vol string)
 }
 
 // resizeHook is the store's Resize hook: an open volume is resized through

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
 	"github.com/vmsan/vmsan/internal/iscsi/text"
 	"github.com/vmsan/vmsan/internal/testutil"
@@ -24,8 +25,8 @@ func TestISCSIResizeAsyncMessage(t *testing.T) {
 	})
 	var addr string
 	for _, fe := range r.d.FrontEnds() {
-		if f, ok := fe.(*iscsiFrontEnd); ok {
-			addr = f.addrs()[0].String()
+		if f, ok := fe.(*iscsifront.FrontEnd); ok {
+			addr = f.Addrs()[0].String()
 		}
 	}
 	if addr == "" {
@@ -83,8 +84,8 @@ func TestISCSIDeleteAfterLogout(t *testing.T) {
 	}
 	var addr string
 	for _, fe := range r.d.FrontEnds() {
-		if f, ok := fe.(*iscsiFrontEnd); ok {
-			addr = f.addrs()[0].String()
+		if f, ok := fe.(*iscsifront.FrontEnd); ok {
+			addr = f.Addrs()[0].String()
 		}
 	}
 	// iscsi-ls -s reads every LUN's capacity: the LUs open their volumes.

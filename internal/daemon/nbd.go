@@ -249,3 +249,10 @@ var nbdCmdNames = func() (n [len(server.Stats{}.Requests)]string) {
 	}
 	return n
 }()
+
+// networkReachable says a listener accepts connections from other hosts
+// (a TCP address that is not loopback).
+func networkReachable(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && !ta.IP.IsLoopback()
+}

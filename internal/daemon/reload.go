@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/sdnotify"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -85,11 +86,14 @@ func (d *Daemon) Reload(next config.Config) error {
 	// Read the iSCSI access settings (CHAP secret files) before anything
 	// changes: an unreadable or short secret rejects the whole reload.
 	isf := d.iscsiFrontEnd()
-	var pol *iscsiPolicy
-	if isf != nil {
-		var err error
-		if pol, err = buildPolicy(next.ISCSI); err != nil {
-			return err
+	var applies []func()
+	for _, fe := range d.frontEnds {
+		if r, ok := fe.(frontend.Reloader); ok {
+			apply, err := r.PrepareReload(next)
+			if err != nil {
+				return err
+			}
+			applies = append(applies, apply)
 		}
 	}
 
@@ -144,8 +148,8 @@ func (d *Daemon) Reload(next config.Config) error {
 		// settings (CHAP, ACLs, allow_any) apply below.
 		restart("iscsi", "keys", iscsiRestartKeys(cur.ISCSI, next.ISCSI))
 	}
-	if isf != nil {
-		isf.reloadPolicy(pol)
+	for _, apply := range applies {
+		apply()
 	}
 	if next.LogLevel != cur.LogLevel {
 		if d.level != nil {
@@ -187,16 +191,6 @@ func (d *Daemon) Reload(next config.Config) error {
 
 	d.log.Info("configuration reloaded", "volumes", len(next.Volumes))
 	return errors.Join(errs...)
-}
-
-// iscsiFrontEnd returns the running iSCSI front end, or nil.
-func (d *Daemon) iscsiFrontEnd() *iscsiFrontEnd {
-	for _, fe := range d.frontEnds {
-		if f, ok := fe.(*iscsiFrontEnd); ok {
-			return f
-		}
-	}
-	return nil
 }
 
 // iscsiRestartKeys names the iscsi settings (YAML keys) that differ

@@ -11,6 +11,7 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/host"
+	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/scsi"
 )
@@ -94,13 +95,13 @@ func TestRoleChangeDrainTimeoutALUA(t *testing.T) {
 		o.RoleDrainTimeout = 200 * time.Millisecond
 		o.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	var fe *iscsiFrontEnd
+	var fe *iscsifront.FrontEnd
 	for _, f := range r.d.frontEnds {
-		if x, ok := f.(*iscsiFrontEnd); ok {
+		if x, ok := f.(*iscsifront.FrontEnd); ok {
 			fe = x
 		}
 	}
-	tg := fe.targets()[0].LUs.(*scsi.Target)
+	tg := fe.Targets()[0].LUs.(*scsi.Target)
 	n := &scsi.Nexus{InitiatorName: "iqn.x:i", InitiatorPort: "iqn.x:i,i,0x1", RelativePort: 1, PortGroup: 1}
 	drainUA(t, tg, n)
 	states := func(what string, own, peer string) {

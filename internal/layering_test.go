@@ -182,6 +182,31 @@ func TestLayering(t *testing.T) {
 			}
 		}
 	}
+	// config imports no front end, not even through its allowed parsers.
+	for _, d := range g["internal/config"].deps {
+		if family(d) != "" {
+			bad = append(bad, "internal/config imports front end "+d)
+		}
+	}
+	// doctor reads what the replication driver writes (replset decodes
+	// it) and imports no replication driver.
+	for _, d := range g["internal/doctor"].deps {
+		if d == "internal/repl/driver" {
+			bad = append(bad, "internal/doctor imports "+d+": decode with replset")
+		}
+	}
+	// cmd is flag parsing over the daemon and its clients: no SCSI
+	// emulation (the iSCSI front end re-exports what the CLI prints).
+	for _, p := range paths {
+		if !strings.HasPrefix(p, "cmd/") {
+			continue
+		}
+		for _, d := range g[p].imports {
+			if d == "internal/scsi" {
+				bad = append(bad, p+" imports internal/scsi")
+			}
+		}
+	}
 	for _, p := range leafPkgs {
 		if _, ok := g[p]; !ok {
 			bad = append(bad, p+" (leaf) not found")

@@ -67,6 +67,13 @@ type FrontEnd struct {
 	closeOnce sync.Once
 }
 
+// Vendor and Product are the INQUIRY identity every LUN reports (what a
+// host's multipath.conf matches; `vmsan iscsi multipath-conf` prints them).
+const (
+	Vendor  = scsi.DefaultVendor
+	Product = scsi.DefaultProduct
+)
+
 // lunFileName is the file in a volume's state directory that keeps its
 // LUN number in node mode.
 const lunFileName = "iscsi-lun"

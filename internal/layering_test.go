@@ -50,9 +50,10 @@ var configAllowed = map[string]bool{
 	"internal/replset": true,
 }
 
-// hostPkgs are the interfaces the daemon implements for what it hosts:
-// host.Host for plugins, frontend.Host for front ends.
-var hostPkgs = []string{"internal/host", "internal/frontend"}
+// hostPkgs are the interfaces the daemon implements for what it hosts
+// and serves: host.Host for plugins, frontend.Host for front ends,
+// control.Ops for the control API's handlers.
+var hostPkgs = []string{"internal/host", "internal/frontend", "internal/control"}
 
 // leafPkgs import nothing from the project.
 var leafPkgs = []string{"internal/replset", "internal/alignbuf", "internal/netutil", "internal/vfs"}

@@ -11,7 +11,7 @@ import (
 
 // VolumeRole is a volume's role in a replicated pair as front ends present
 // it to initiators (iSCSI: ALUA asymmetric access states). The role
-// controller (internal/role, Daemon.Roles) owns it: replication registers
+// controller (internal/role; host.Host.Roles for plugins) owns it: replication registers
 // each replica there, promote and demote run there, and the daemon
 // subscribes the front ends, so that neither imports the other.
 type VolumeRole = role.Role
@@ -29,13 +29,6 @@ const (
 	// transitioning: commands get NOT READY, 04/0A, and are retried).
 	RoleChanging = role.Transitioning
 )
-
-// Roles is the role controller: the one owner of every replicated
-// volume's role. Replication registers its replicas there (Register,
-// Observe); the control API, the CLI through it, and later the cluster's
-// lease watcher change roles with Change; the front ends are subscribed in
-// New (setVolumeRole).
-func (d *Daemon) Roles() *role.Controller { return d.roleCtl }
 
 // drainVolume waits (bounded by timeout) until every command that front
 // ends admitted for the volume before the role controller published

@@ -43,12 +43,6 @@ func Dial(dataDir string) (*Client, error) {
 	return NewClient(p), nil
 }
 
-// ErrDaemonStopped means the daemon went away during a call: its control
-// socket refused the connection, or closed it before the reply. The
-// request may or may not have been carried out (a caller that must know
-// looks, as volume import does).
-var ErrDaemonStopped = errors.New("the daemon stopped")
-
 // daemonGone reports whether a transport error means the daemon is no
 // longer there (not a timeout of a slow one).
 func daemonGone(err error) bool {
@@ -59,9 +53,6 @@ func daemonGone(err error) bool {
 	}
 	return false
 }
-
-// ErrNoDaemon means no daemon is listening on the control socket.
-var ErrNoDaemon = errors.New("no vmsan daemon is running on this data directory")
 
 // NewClient returns a client for the control socket at path (no connection
 // is made until the first call).
@@ -264,7 +255,7 @@ func (o directOps) Resize(name string, size int64, force bool) (VolumeInfo, erro
 }
 
 func (o directOps) Update(name string, s Settings) (VolumeInfo, error) {
-	m, err := o.s.Update(name, s.apply)
+	m, err := o.s.Update(name, s.Apply)
 	return o.vi(m), err
 }
 

@@ -16,7 +16,7 @@
 // Plugins (replication) and volume hooks are passed in Options; there is
 // no global registration, so a daemon built in a test has exactly what the
 // test passes. A plugin registers a replicated volume with the role
-// controller (Roles, internal/role), which owns its role and tells the
+// controller (host.Host.Roles, internal/role), which owns its role and tells the
 // front ends (alua.go; the iSCSI front end maps it to ALUA port group
 // states), so front ends and plugins never import each other.
 //
@@ -60,7 +60,6 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/frontend"
-	"github.com/vmsan/vmsan/internal/nbd/server"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -170,7 +169,7 @@ type Daemon struct {
 	replMetrics atomic.Pointer[replMetricsFn]
 
 	// roles are replicated volumes' roles as the front ends were told
-	// them (setVolumeRole, alua.go); roleCtl owns them (Roles).
+	// them (setVolumeRole, alua.go); roleCtl owns them (pluginHost.Roles).
 	roles   volumeRoles
 	roleCtl *role.Controller
 
@@ -581,12 +580,6 @@ func (d *Daemon) MetricsAddr() net.Addr {
 
 // ControlPath is the control socket path.
 func (d *Daemon) ControlPath() string { return filepath.Join(d.cfg.DataDir, ControlSocketName) }
-
-// Store gives other subsystems (replication) access to the volume store.
-func (d *Daemon) Store() *volume.Store { return d.store }
-
-// Server is the NBD server (for its statistics).
-func (d *Daemon) Server() *server.Server { return d.nbd.srv }
 
 // bannerExport is the volume the banner shows: the default export, else
 // the first by name; "" when there are no volumes.

@@ -23,18 +23,6 @@ import (
 // the two; a change that happened just before the snapshot may be
 // reported by both (the later line wins).
 
-// eventBuffer is each subscriber's queue: a burst of this many events
-// (e.g. hundreds of clients reconnecting at once) is absorbed; a
-// subscriber that falls further behind is dropped with an "overflow" line.
-const eventBuffer = 1024
-
-// eventWriteTimeout bounds one write to an event subscriber: a client that
-// stops reading its socket must not hold a handler (and a shutdown) forever.
-const eventWriteTimeout = 30 * time.Second
-
-// Events is the daemon's event bus; plugins publish on it.
-func (d *Daemon) Events() *events.Bus { return d.events }
-
 // sessionChanged is every front end's Sessions watcher: the connect and
 // disconnect log lines (with the client's address and, on disconnect, how
 // long it stayed) and the client events.
@@ -89,96 +77,7 @@ func (d *Daemon) eventSnapshot() []events.Event {
 	return out
 }
 
-// hEvents streams events: ?now=true stops after the snapshot,
-// ?format=json writes one JSON object per line instead of text.
-func (d *Daemon) hEvents(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	now, err := parseBoolParam(q.Get("now"))
-	if err != nil {
-		writeErr(w, &APIError{Code: "bad_request", Message: "now: " + err.Error()})
-		return
-	}
-	asJSON := false
-	switch f := q.Get("format"); f {
-	case "", "text":
-	case "json":
-		asJSON = true
-	default:
-		writeErr(w, &APIError{Code: "bad_request", Message: fmt.Sprintf("format=%q: want text or json", f)})
-		return
-	}
-	sub := d.events.Subscribe(eventBuffer)
-	defer sub.Close()
-	rc := http.NewResponseController(w)
-	if asJSON {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-	} else {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	}
-	w.WriteHeader(http.StatusOK)
-	write := func(e events.Event) error {
-		rc.SetWriteDeadline(time.Now().Add(eventWriteTimeout))
-		var line []byte
-		if asJSON {
-			line, _ = json.Marshal(e)
-		} else {
-			line = []byte(e.String())
-		}
-		if _, err := w.Write(append(line, '\n')); err != nil {
-			return err
-		}
-		return nil
-	}
-	for _, e := range d.eventSnapshot() {
-		if write(e) != nil {
-			return
-		}
-	}
-	if write(events.New(events.Exists, "-")) != nil || rc.Flush() != nil || now {
-		return
-	}
-	for {
-		select {
-		case <-r.Context().Done():
-			return
-		case <-d.eventsStop:
-			return
-		case e, ok := <-sub.C():
-			if !ok {
-				if sub.Overflowed() {
-					write(events.New(events.Overflow, ""))
-					rc.Flush()
-				}
-				return
-			}
-			if write(e) != nil {
-				return
-			}
-			// Write what is queued before flushing: one flush per burst.
-			for n := len(sub.C()); n > 0; n-- {
-				if e, ok := <-sub.C(); ok && write(e) != nil {
-					return
-				}
-			}
-			if rc.Flush() != nil {
-				return
-			}
-		}
-	}
-}
-
-func parseBoolParam(s string) (bool, error) {
-	if s == "" {
-		return false, nil
-	}
-	b, err := strconv.ParseBool(s)
-	if err != nil {
-		return false, fmt.Errorf("%q: want true or false", s)
-	}
-	return b, nil
-}
-
-// Events opens the event stream (see hEvents); the caller reads lines
+// Events opens the event stream (control: GET /v1/events); the caller reads lines
 // until EOF or ctx is done, and closes the body.
 func (c *Client) Events(ctx context.Context, now, asJSON bool) (io.ReadCloser, error) {
 	q := url.Values{}

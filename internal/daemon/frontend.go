@@ -77,10 +77,6 @@ func (d *Daemon) inflightBudget() config.Size {
 	return config.DefaultInflightBudget(ram, d.cfg.MaxPayload)
 }
 
-// BudgetStats is the daemon-wide in-flight budget's snapshot (metrics,
-// status).
-func (d *Daemon) BudgetStats() volrt.BudgetStats { return d.budget.Stats() }
-
 // feHost is the daemon as front ends see it (frontend.Host).
 type feHost struct{ d *Daemon }
 

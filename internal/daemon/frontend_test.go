@@ -35,7 +35,7 @@ func TestStatusListsClients(t *testing.T) {
 	// client sees slightly before the server goroutine does: poll.
 	var st Status
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		st = r.d.Status()
+		st = r.d.status()
 		if len(st.Volumes) == 1 && len(st.Volumes[0].Clients) == 2 {
 			break
 		}

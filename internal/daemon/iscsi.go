@@ -2,14 +2,13 @@ package daemon
 
 import (
 	"io"
-	"net/http"
 
 	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 )
 
 // The iSCSI front end is package iscsi/iscsifront, built against
 // frontend.Host (feHost); the daemon builds it when iscsi.listen is
-// configured, serves GET /v1/iscsi from it, and re-exports its show
+// configured, answers GET /v1/iscsi from it, and re-exports its show
 // types for the CLI.
 
 // ISCSIInfo is `vmsan iscsi show` (GET /v1/iscsi).
@@ -36,12 +35,12 @@ func (d *Daemon) iscsiFrontEnd() *iscsifront.FrontEnd {
 	return nil
 }
 
-func (d *Daemon) hISCSI(w http.ResponseWriter, r *http.Request) {
-	in := iscsifront.Off()
+// iscsiShow is GET /v1/iscsi's body.
+func (d *Daemon) iscsiShow() ISCSIInfo {
 	if f := d.iscsiFrontEnd(); f != nil {
-		in = f.Show()
+		return f.Show()
 	}
-	writeJSON(w, http.StatusOK, in)
+	return iscsifront.Off()
 }
 
 // ISCSIShow fetches `vmsan iscsi show`'s data.

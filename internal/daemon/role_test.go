@@ -125,7 +125,7 @@ func TestRoleChangeDrainTimeoutALUA(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	got, err := r.d.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, By: "test"})
+	got, err := pluginHost{r.d}.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, By: "test"})
 	if err == nil || !strings.Contains(err.Error(), "demote refused, role unchanged") || got != RolePrimary {
 		t.Fatalf("plain demote with a write still running: %v %v", got, err)
 	}
@@ -137,7 +137,7 @@ func TestRoleChangeDrainTimeoutALUA(t *testing.T) {
 		t.Fatalf("the front ends were not told changing and back:\n%s", l)
 	}
 
-	got, err = r.d.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, Force: true, By: "test"})
+	got, err = pluginHost{r.d}.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, Force: true, By: "test"})
 	if err != nil || got != RoleSecondary || p.act.Role() != RoleSecondary {
 		t.Fatalf("forced demote: %v %v", got, err)
 	}

@@ -30,7 +30,7 @@ type Info struct {
 	DiscoveryCHAPUser   string               `json:"discovery_chap_user,omitempty"`
 	AllowAny            bool                 `json:"allow_any"`
 	DropRevokedSessions bool                 `json:"drop_revoked_sessions"`
-	Targets             []TargetInfo    `json:"targets,omitempty"`
+	Targets             []TargetInfo         `json:"targets,omitempty"`
 	Sessions            []target.SessionInfo `json:"sessions"`
 }
 
@@ -51,8 +51,8 @@ type GroupInfo struct {
 // TargetInfo is one target: LUNs, ACL, CHAP user names and what the
 // access policy makes of them.
 type TargetInfo struct {
-	Name  string         `json:"name"`
-	Alias string         `json:"alias,omitempty"`
+	Name  string    `json:"name"`
+	Alias string    `json:"alias,omitempty"`
 	LUNs  []LUNInfo `json:"luns"`
 	// Access: "acl", "chap", "acl+chap", "any" (allow_any) or "refused"
 	// (no ACL, no CHAP, allow_any off: every login is refused).

@@ -242,6 +242,10 @@ func (r Replication) validate(where string) []string {
 }
 
 // Config is the whole daemon configuration.
+//
+// Listen, TLS, MaxPayload and MaxConnections are the NBD front end's: a
+// file sets them under nbd: (NBD); at the top level they are still read
+// (deprecated, see Deprecated), and after decoding they are here.
 type Config struct {
 	DataDir       string   `yaml:"data_dir,omitempty"`
 	Listen        []string `yaml:"listen,omitempty"`
@@ -261,8 +265,14 @@ type Config struct {
 	// NoDefaultVolume stops the daemon from creating the 10 GiB "default"
 	// volume in an empty data directory.
 	NoDefaultVolume bool `yaml:"no_default_volume,omitempty"`
+	// NBD is the nbd: section as read; decoding moves it into Listen,
+	// TLS, MaxPayload and MaxConnections and leaves it empty (nbd.go).
+	NBD NBD `yaml:"nbd,omitempty"`
 	// ISCSI configures the iSCSI front end (iscsi.go); off by default.
 	ISCSI ISCSI `yaml:"iscsi,omitempty"`
+	// Deprecated names the deprecated top-level keys the file used
+	// ("listen", "tls", "max_payload", "max_connections"; DeprecationNotes).
+	Deprecated []string `yaml:"-"`
 }
 
 // Default returns the embedded configuration. Listen is empty here: the
@@ -374,6 +384,9 @@ func decode(b []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true) // a typo in a key must not be silently ignored
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, err
+	}
+	if err := cfg.foldNBD(topLevelKeys(b)); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil

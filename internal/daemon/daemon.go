@@ -236,6 +236,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		level.Set(logLevel(cfg.LogLevel))
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
+	for _, n := range cfg.DeprecationNotes() {
+		log.Warn(n)
+	}
 	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8),
 		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}

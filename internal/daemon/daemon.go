@@ -3,7 +3,7 @@
 // -> a list of front ends (frontEndFactories: NBD, iSCSI), plus the
 // control socket, metrics, plugins and signal-driven shutdown. It knows no
 // protocol: each front end is built against frontend.Host (feHost) and
-// implements frontend.FrontEnd (daemon/nbd.go for NBD, package
+// implements frontend.FrontEnd (package nbd/nbdfront for NBD,
 // iscsi/iscsifront for iSCSI); plugins are built against host.Host
 // (pluginHost). Adding a front end is a line in frontEndFactories.
 //
@@ -60,6 +60,7 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/frontend"
+	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -115,7 +116,7 @@ type Daemon struct {
 	opts  Options
 	log   *slog.Logger
 	store *volume.Store
-	nbd   *nbdFrontEnd // the NBD entry of frontEnds (NBDAddrs, Server)
+	nbd   *nbdfront.FrontEnd // the NBD entry of frontEnds (NBDAddrs)
 	// budget is the daemon-wide in-flight payload budget every front
 	// end's per-connection budget reserves from (inflight_budget).
 	budget volrt.Budget
@@ -571,7 +572,7 @@ type unixListener struct {
 func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
 
 // NBDAddrs returns the bound NBD listener addresses in configuration order.
-func (d *Daemon) NBDAddrs() []net.Addr { return d.nbd.addrs() }
+func (d *Daemon) NBDAddrs() []net.Addr { return d.nbd.Addrs() }
 
 // MetricsAddr is the bound metrics address, or nil.
 func (d *Daemon) MetricsAddr() net.Addr {

@@ -121,7 +121,7 @@ FirstBurstLength, ImmediateData, InitialR2T) and commands in flight.`,
 				return err
 			}
 			defer c.Close()
-			in, err := c.ISCSIShow()
+			in, err := daemon.ISCSIShow(c)
 			if err != nil {
 				return err
 			}

@@ -38,6 +38,9 @@ import (
 // APIVersion is reported in Status; bump it on incompatible changes.
 const APIVersion = 1
 
+// SocketName is the control socket's file name inside the data dir.
+const SocketName = "control.sock"
+
 // VolumeInfo is a volume as the control API reports it.
 type VolumeInfo struct {
 	volume.Meta

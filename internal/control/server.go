@@ -266,7 +266,7 @@ func (h handlers) importVolume(w http.ResponseWriter, r *http.Request) {
 	reply(w, http.StatusCreated, vi, err)
 }
 
-// hEvents streams events: ?now=true stops after the snapshot,
+// events streams events: ?now=true stops after the snapshot,
 // ?format=json writes one JSON object per line instead of text.
 func (h handlers) events(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()

@@ -26,7 +26,37 @@ type (
 	CloneRequest    = control.CloneRequest
 	RollbackRequest = control.RollbackRequest
 	ImportRequest   = control.ImportRequest
+	// The client side: the control socket's client, and the volume
+	// operations the CLI runs through it or, without a daemon, on the
+	// store.
+	Client      = control.Client
+	VolumeOps   = control.VolumeOps
+	SnapshotOps = control.SnapshotOps
+	VolumeHooks = control.VolumeHooks
+	DeleteCheck = control.DeleteCheck
+	ResizeCheck = control.ResizeCheck
 )
+
+// Dial connects to the daemon serving dataDir (control.Dial).
+func Dial(dataDir string) (*Client, error) { return control.Dial(dataDir) }
+
+// NewClient is a client for the control socket at path (control.NewClient).
+func NewClient(path string) *Client { return control.NewClient(path) }
+
+// OpenVolumeOps is control.OpenVolumeOps.
+func OpenVolumeOps(dataDir string, hooks ...VolumeHooks) (VolumeOps, bool, error) {
+	return control.OpenVolumeOps(dataDir, hooks...)
+}
+
+// OpenExistingVolumeOps is control.OpenExistingVolumeOps.
+func OpenExistingVolumeOps(dataDir string, hooks ...VolumeHooks) (VolumeOps, bool, error) {
+	return control.OpenExistingVolumeOps(dataDir, hooks...)
+}
+
+// FollowCopy is control.FollowCopy.
+func FollowCopy(ops any, target string, set func(done, total int64)) (stop func()) {
+	return control.FollowCopy(ops, target, set)
+}
 
 // APIVersion is the control API's version (Status.APIVersion).
 const APIVersion = control.APIVersion

@@ -7,7 +7,6 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/control"
@@ -67,18 +66,8 @@ func settingsErr(err error) error {
 	return fmt.Errorf("%w: cannot open the volume with these settings: %v", volume.ErrInvalid, err)
 }
 
-// allocatedBytes is st_blocks*512 of the raw file: what thin provisioning
-// actually uses on the host.
-func allocatedBytes(path string) int64 {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0
-	}
-	return st.Blocks * 512
-}
-
 func (d *Daemon) info(m volume.Meta) VolumeInfo {
-	vi := VolumeInfo{Meta: m, Path: d.store.RawPath(m.Name), Allocated: allocatedBytes(d.store.RawPath(m.Name))}
+	vi := VolumeInfo{Meta: m, Path: d.store.RawPath(m.Name), Allocated: control.AllocatedBytes(d.store.RawPath(m.Name))}
 	if v := (*d.vols.Load())[m.Name]; v != nil {
 		vi.Open = true
 		vi.Exports = d.clientsOf(m.Name, v)
@@ -114,7 +103,7 @@ func (d *Daemon) createVolume(o volume.CreateOptions) (VolumeInfo, error) {
 func (d *Daemon) resizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, name, size); err != nil {
+	if err := control.CheckResize(d.opts.Hooks.Resize, d.cfg.DataDir, name, size); err != nil {
 		return VolumeInfo{}, err
 	}
 	m, err := d.store.Resize(name, size, force)
@@ -212,7 +201,7 @@ func (d *Daemon) deleteVolume(name string, force bool) error {
 	defer d.mu.Unlock()
 	v := (*d.vols.Load())[name]
 	if v != nil {
-		if err := checkDelete(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
+		if err := control.CheckDelete(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
 			return err
 		}
 		v.BeginDelete() // see volrt.Volume.Acquire's INVARIANT

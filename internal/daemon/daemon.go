@@ -58,6 +58,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
@@ -68,7 +69,7 @@ import (
 )
 
 // ControlSocketName is the control socket's file name inside the data dir.
-const ControlSocketName = "control.sock"
+const ControlSocketName = control.SocketName
 
 // Options are the parts of a daemon that are not configuration.
 type Options struct {
@@ -90,24 +91,6 @@ type Options struct {
 	// same ones to OpenVolumeOps). Plugins' per-volume state lives in the
 	// volume's state directory and goes with the volume: no hook removes it.
 	Hooks VolumeHooks
-}
-
-// VolumeHooks are the checks other subsystems (replication) apply to
-// volume deletion and resizing, with or without a running daemon. They are
-// passed explicitly (Options.Hooks, OpenVolumeOps), never registered
-// globally.
-type VolumeHooks struct {
-	Delete []DeleteCheck
-	Resize []ResizeCheck
-}
-
-func mergeHooks(hs []VolumeHooks) VolumeHooks {
-	var out VolumeHooks
-	for _, h := range hs {
-		out.Delete = append(out.Delete, h.Delete...)
-		out.Resize = append(out.Resize, h.Resize...)
-	}
-	return out
 }
 
 // Daemon is a running vmsan node.
@@ -185,35 +168,6 @@ type Daemon struct {
 // before it stopped (volume.Store.RemoveStateDebris).
 type VolumeDeleter interface {
 	VolumeDeleted(name string)
-}
-
-// DeleteCheck may refuse deleting a volume with a clear error (it sees
-// force), with or without a running daemon: replication refuses a
-// replicated volume without force, because its state (in the volume's
-// state directory) goes with it.
-type DeleteCheck func(dataDir, name string, force bool) error
-
-func checkDelete(checks []DeleteCheck, dataDir, name string, force bool) error {
-	for _, c := range checks {
-		if err := c(dataDir, name, force); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// ResizeCheck may refuse resizing a volume (to size bytes) with a clear
-// error, with or without a running daemon: replication refuses for a
-// replicated volume, whose two copies must stay the same size.
-type ResizeCheck func(dataDir, name string, size int64) error
-
-func checkResize(resizeChecks []ResizeCheck, dataDir, name string, size int64) error {
-	for _, c := range resizeChecks {
-		if err := c(dataDir, name, size); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // New opens the data directory, binds all listeners, then ensures the
@@ -348,7 +302,7 @@ func (d *Daemon) ensureVolumes() error {
 			// and its size or settings are not touched until repaired.
 			continue
 		case int64(cv.Size) > m.Size:
-			if cerr := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
+			if cerr := control.CheckResize(d.opts.Hooks.Resize, d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
 				// Serve at the old size rather than refuse to start.
 				d.log.Error("not growing volume to its configured size", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size), "err", cerr)
 				break
@@ -531,7 +485,7 @@ func listenUnix(p string, mode os.FileMode) (net.Listener, error) {
 			return nil, fmt.Errorf("listen unix:%s: exists and is not a socket", p)
 		}
 		dial := func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, time.Second) }
-		if c, err := dialUnix("unix", p, dial); err == nil {
+		if c, err := netutil.DialUnix("unix", p, dial); err == nil {
 			c.Close()
 			return nil, fmt.Errorf("listen unix:%s: another process is serving on it", p)
 		}
@@ -548,7 +502,7 @@ func listenUnix(p string, mode os.FileMode) (net.Listener, error) {
 		return serr
 	}}
 	var ln net.Listener
-	err := withShortPath(p, func(short string) (err error) {
+	err := netutil.WithShortPath(p, func(short string) (err error) {
 		ln, err = lc.Listen(context.Background(), "unix", short)
 		return err
 	})
@@ -563,7 +517,7 @@ func listenUnix(p string, mode os.FileMode) (net.Listener, error) {
 }
 
 // unixListener reports the socket's real path as its address even when it
-// was bound through a /proc/self/fd alias (see withShortPath).
+// was bound through a /proc/self/fd alias (see netutil.WithShortPath).
 type unixListener struct {
 	net.Listener
 	path string

@@ -1,12 +1,6 @@
 package daemon
 
 import (
-	"context"
-	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -75,34 +69,4 @@ func (d *Daemon) eventSnapshot() []events.Event {
 		out = append(out, fn()...)
 	}
 	return out
-}
-
-// Events opens the event stream (control: GET /v1/events); the caller reads lines
-// until EOF or ctx is done, and closes the body.
-func (c *Client) Events(ctx context.Context, now, asJSON bool) (io.ReadCloser, error) {
-	q := url.Values{}
-	q.Set("now", strconv.FormatBool(now))
-	if asJSON {
-		q.Set("format", "json")
-	}
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://vmsan/v1/events?"+q.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	// The stream has no end: the client's overall timeout must not apply.
-	hc := &http.Client{Transport: c.hc.Transport}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", c.path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
-		ae := &APIError{}
-		if json.Unmarshal(b, ae) != nil || ae.Message == "" {
-			ae = &APIError{Code: "http", Message: fmt.Sprintf("GET /v1/events: %s", resp.Status)}
-		}
-		return nil, ae
-	}
-	return resp.Body, nil
 }

@@ -43,8 +43,8 @@ func (d *Daemon) iscsiShow() ISCSIInfo {
 	return iscsifront.Off()
 }
 
-// ISCSIShow fetches `vmsan iscsi show`'s data.
-func (c *Client) ISCSIShow() (ISCSIInfo, error) {
+// ISCSIShow fetches `vmsan iscsi show`'s data through c.
+func ISCSIShow(c *Client) (ISCSIInfo, error) {
 	var in ISCSIInfo
 	err := c.Do("GET", "/v1/iscsi", nil, &in)
 	return in, err

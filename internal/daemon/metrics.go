@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/version"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -79,7 +80,7 @@ func (s metricsSource) Volumes() []metrics.Volume {
 	out := make([]metrics.Volume, 0, len(vols))
 	for name, v := range vols {
 		es := v.EngineStats()
-		mv := metrics.Volume{Name: name, Size: v.Size(), Allocated: allocatedBytes(s.d.store.RawPath(name)), Engine: &es}
+		mv := metrics.Volume{Name: name, Size: v.Size(), Allocated: control.AllocatedBytes(s.d.store.RawPath(name)), Engine: &es}
 		mv.Connections = conns[name]
 		out = append(out, mv)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
+	"github.com/vmsan/vmsan/internal/netutil"
 )
 
 // newNBDFrontEnd binds the configured NBD listeners (Unix sockets with the
@@ -31,7 +32,7 @@ func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 			return nil, err
 		}
 		c.Listeners = append(c.Listeners, ln)
-		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > maxSunPath {
+		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > netutil.MaxSunPath {
 			d.log.Warn("NBD socket path is longer than sun_path (107 bytes); most clients cannot connect to it, use --listen unix:SHORTER_PATH", "path", p)
 		}
 	}

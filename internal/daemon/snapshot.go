@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -146,7 +147,7 @@ func (d *Daemon) closeSnapshots() error {
 
 func (d *Daemon) snapInfo(sm volume.SnapMeta) SnapshotInfo {
 	p := d.store.SnapshotPath(sm.Volume, sm.Snapshot)
-	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: allocatedBytes(p), Exports: d.snapRefs(sm.Name)}
+	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: control.AllocatedBytes(p), Exports: d.snapRefs(sm.Name)}
 }
 
 // quiesce holds writes to an open volume and flushes it (see the comment
@@ -262,18 +263,6 @@ func (d *Daemon) exportNewLocked(m volume.Meta) error {
 	return nil
 }
 
-// replicatedErr reports (through the replication resize check, which
-// refuses exactly the replicated volumes) why vol's contents must not be
-// replaced behind replication's back.
-func replicatedErr(checks []ResizeCheck, dataDir, vol string) error {
-	if err := checkResize(checks, dataDir, vol, 0); err != nil && errors.Is(err, ErrReplicated) {
-		return fmt.Errorf("volume %s: rollback %w: it would rewrite this copy behind replication's back, and the peer would keep "+
-			"(and resync back) the data being rolled away; take the volume out of replication on both nodes first, "+
-			"roll back, then set replication up again so the peer resyncs in full from this node", vol, ErrReplicated)
-	}
-	return nil
-}
-
 // rollback makes vol's contents those of vol@snap, in place. Refused while
 // clients are connected unless force (they then see the contents change
 // under them, like a disk swapped), and for a replicated volume.
@@ -283,7 +272,7 @@ func (d *Daemon) rollback(vol, snap string, force, copyData bool) (VolumeInfo, e
 	if _, err := d.store.Get(vol); err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := replicatedErr(d.opts.Hooks.Resize, d.cfg.DataDir, vol); err != nil {
+	if err := control.ReplicatedErr(d.opts.Hooks.Resize, d.cfg.DataDir, vol); err != nil {
 		return VolumeInfo{}, err
 	}
 	if d.volumeClients(vol) > 0 && !force {

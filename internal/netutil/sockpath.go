@@ -1,4 +1,4 @@
-package daemon
+package netutil
 
 import (
 	"fmt"
@@ -8,18 +8,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxSunPath is the longest path a Unix socket address can hold (sun_path is
+// MaxSunPath is the longest path a Unix socket address can hold (sun_path is
 // 108 bytes including the terminating NUL).
-const maxSunPath = 107
+const MaxSunPath = 107
 
-// withShortPath calls fn with a name for path that fits in sun_path. Paths
+// WithShortPath calls fn with a name for path that fits in sun_path. Paths
 // that are too long (deep data directories) are reached through
 // /proc/self/fd/N/<base>, where N is a descriptor of the parent directory:
 // the kernel resolves it to the same file, so the socket keeps its real
 // location and permissions. Daemon and client both use this, so a data
 // directory of any length has a working control socket.
-func withShortPath(path string, fn func(short string) error) error {
-	if len(path) <= maxSunPath {
+func WithShortPath(path string, fn func(short string) error) error {
+	if len(path) <= MaxSunPath {
 		return fn(path)
 	}
 	dir, base := filepath.Split(path)
@@ -29,15 +29,15 @@ func withShortPath(path string, fn func(short string) error) error {
 	}
 	defer unix.Close(fd)
 	short := fmt.Sprintf("/proc/self/fd/%d/%s", fd, base)
-	if len(short) > maxSunPath {
+	if len(short) > MaxSunPath {
 		return fmt.Errorf("socket name %s is too long even via /proc (%d bytes)", base, len(short))
 	}
 	return fn(short)
 }
 
-// dialUnix connects to a Unix socket at path of any length.
-func dialUnix(network, path string, dial func(network, addr string) (net.Conn, error)) (c net.Conn, err error) {
-	err = withShortPath(path, func(short string) error {
+// DialUnix connects to a Unix socket at path of any length.
+func DialUnix(network, path string, dial func(network, addr string) (net.Conn, error)) (c net.Conn, err error) {
+	err = WithShortPath(path, func(short string) error {
 		c, err = dial(network, short)
 		return err
 	})

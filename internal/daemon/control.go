@@ -13,18 +13,19 @@ import (
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/metrics"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
 func (d *Daemon) startControl() error {
 	// Only the owner (root, normally) may create or delete volumes: the
-	// socket is ControlSocketMode from the start (see listenUnix). Bind
+	// socket is ControlSocketMode from the start (see netutil.ListenUnix). Bind
 	// under a temporary name, then rename it into place, so a client never
 	// finds a socket under the real name that is not yet served.
 	// (Holding the data-dir lock means no other daemon uses either name.)
 	tmp := filepath.Join(d.cfg.DataDir, ".control.sock.tmp")
-	ln, err := listenUnix(tmp, ControlSocketMode)
+	ln, err := netutil.ListenUnix(tmp, ControlSocketMode)
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}

@@ -54,7 +54,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
@@ -464,7 +463,7 @@ const ControlSocketMode = 0o600
 
 func listen(l string) (net.Listener, error) {
 	if p, ok := strings.CutPrefix(l, "unix:"); ok {
-		return listenUnix(p, NBDSocketMode)
+		return netutil.ListenUnix(p, NBDSocketMode)
 	}
 	ln, err := net.Listen("tcp", l)
 	if err != nil {
@@ -472,58 +471,6 @@ func listen(l string) (net.Listener, error) {
 	}
 	return ln, nil
 }
-
-// listenUnix removes a stale socket file (one nobody answers on) before
-// binding, so a daemon killed with -9 can be restarted. The socket gets
-// exactly mode, independent of the umask: the socket's inode is given the
-// mode before bind (Linux creates the file with the socket inode's mode
-// minus the umask, so it is never wider than mode, not even for an
-// instant), and chmod after bind sets it exactly.
-func listenUnix(p string, mode os.FileMode) (net.Listener, error) {
-	if st, err := os.Lstat(p); err == nil {
-		if st.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen unix:%s: exists and is not a socket", p)
-		}
-		dial := func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, time.Second) }
-		if c, err := netutil.DialUnix("unix", p, dial); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listen unix:%s: another process is serving on it", p)
-		}
-		os.Remove(p)
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return nil, err
-	}
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) { serr = syscall.Fchmod(int(fd), uint32(mode.Perm())) }); err != nil {
-			return err
-		}
-		return serr
-	}}
-	var ln net.Listener
-	err := netutil.WithShortPath(p, func(short string) (err error) {
-		ln, err = lc.Listen(context.Background(), "unix", short)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
-	}
-	if err := os.Chmod(p, mode.Perm()); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
-	}
-	return unixListener{ln, p}, nil
-}
-
-// unixListener reports the socket's real path as its address even when it
-// was bound through a /proc/self/fd alias (see netutil.WithShortPath).
-type unixListener struct {
-	net.Listener
-	path string
-}
-
-func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
 
 // NBDAddrs returns the bound NBD listener addresses in configuration order.
 func (d *Daemon) NBDAddrs() []net.Addr { return d.nbd.Addrs() }

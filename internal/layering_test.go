@@ -37,17 +37,23 @@ var neutralPkgs = []string{"internal/metrics"}
 
 // configAllowed are the only project packages config may import directly:
 // value parsers and constants (volume.ParseSize, backend.ParseCacheMode,
-// proto.DefaultMaxPayload) of packages that import nothing above them.
+// config.Size) of packages that import nothing above them. No front end:
+// config repeats the NBD limits it needs (a test on the NBD side checks
+// the copies).
 var configAllowed = map[string]bool{
-	"internal/volume":    true,
-	"internal/backend":   true,
-	"internal/nbd/proto": true,
+	"internal/volume":  true,
+	"internal/backend": true,
 	// replset is the replication settings type (durations, protocol and
 	// split-brain policy with their parsers, defaults, validation): config
 	// converts its replication section to it and validates with it. It
 	// is a leaf (leafPkgs), so this pulls in no subsystem.
 	"internal/replset": true,
 }
+
+// hostPkgs are the interfaces the daemon implements for what it hosts
+// and serves: host.Host for plugins, frontend.Host for front ends,
+// control.Ops for the control API's handlers.
+var hostPkgs = []string{"internal/host", "internal/frontend", "internal/control"}
 
 // leafPkgs import nothing from the project.
 var leafPkgs = []string{"internal/replset", "internal/alignbuf", "internal/netutil", "internal/vfs", "internal/httpjson"}
@@ -161,6 +167,44 @@ func TestLayering(t *testing.T) {
 				if family(d) != "" || d == "internal/daemon" || d == "internal/repl" || strings.HasPrefix(d, "internal/repl/") {
 					bad = append(bad, p+" (runtime) imports "+d)
 				}
+			}
+		}
+	}
+	// The host seams (what the daemon offers plugins and front ends) are
+	// built by the daemon, not on it: they import no daemon, no front end
+	// and no plugin, so whatever is built against them does not either.
+	for _, p := range hostPkgs {
+		if _, ok := g[p]; !ok {
+			bad = append(bad, p+" (host seam) not found")
+		}
+		for _, d := range g[p].deps {
+			if family(d) != "" || d == "internal/daemon" || strings.HasPrefix(d, "internal/repl/driver") {
+				bad = append(bad, p+" (host seam) imports "+d)
+			}
+		}
+	}
+	// config imports no front end, not even through its allowed parsers.
+	for _, d := range g["internal/config"].deps {
+		if family(d) != "" {
+			bad = append(bad, "internal/config imports front end "+d)
+		}
+	}
+	// doctor reads what the replication driver writes (replset decodes
+	// it) and imports no replication driver.
+	for _, d := range g["internal/doctor"].deps {
+		if d == "internal/repl/driver" {
+			bad = append(bad, "internal/doctor imports "+d+": decode with replset")
+		}
+	}
+	// cmd is flag parsing over the daemon and its clients: no SCSI
+	// emulation (the iSCSI front end re-exports what the CLI prints).
+	for _, p := range paths {
+		if !strings.HasPrefix(p, "cmd/") {
+			continue
+		}
+		for _, d := range g[p].imports {
+			if d == "internal/scsi" {
+				bad = append(bad, p+" imports internal/scsi")
 			}
 		}
 	}

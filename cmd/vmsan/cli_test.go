@@ -126,6 +126,23 @@ iscsi:
 	}
 }
 
+// TestPrintConfigNBDSection: a file with the old top-level NBD keys still
+// loads; `serve --print-config` writes them under nbd: and notes each
+// deprecated key (the real binary, a real config file).
+func TestPrintConfigNBDSection(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "vmsan.yaml")
+	if err := os.WriteFile(cfg, []byte("data_dir: "+filepath.Join(dir, "data")+"\nlisten: [\"127.0.0.1:10899\"]\nmax_connections: 9\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code := exitCode(t, "serve", "--config", cfg, "--print-config")
+	if code != 0 || !strings.Contains(out, "\nnbd:\n") || !strings.Contains(out, "127.0.0.1:10899") ||
+		strings.Contains(out, "\nlisten:") || !strings.Contains(out, `top-level "listen" is deprecated`) ||
+		!strings.Contains(out, `top-level "max_connections" is deprecated`) {
+		t.Fatalf("print-config: exit %d\n%s", code, out)
+	}
+}
+
 // TestDoctorTypoDataDir: a --data-dir that does not exist fails the
 // doctor (exit 1, a fail row naming it) instead of passing as a host
 // with no volumes.

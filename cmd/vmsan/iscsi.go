@@ -11,7 +11,7 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/daemon"
 	"github.com/vmsan/vmsan/internal/doctor"
-	"github.com/vmsan/vmsan/internal/scsi"
+	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 )
 
 // multipathOpts are the knobs of `vmsan iscsi multipath-conf`.
@@ -82,7 +82,7 @@ devices {
 # execute over newer data when the path returns: vmsan's iscsi
 # nop_interval + nop_timeout (default 1 s + 1 s) must stay below
 # noop_out_timeout + fast_io_fail_tmo - 0.5 s = %.1f s here.
-`, scsi.DefaultVendor, scsi.DefaultProduct, o.noPathRetry, o.replacementTimeout, o.replacementTimeout, o.noopInterval, o.noopTimeout,
+`, iscsifront.Vendor, iscsifront.Product, o.noPathRetry, o.replacementTimeout, o.replacementTimeout, o.noopInterval, o.noopTimeout,
 		o.replacementTimeout, o.noopInterval, o.noopTimeout, o.targetNopLimit().Seconds())
 	io.WriteString(w, b.String())
 }
@@ -121,7 +121,7 @@ FirstBurstLength, ImmediateData, InitialR2T) and commands in flight.`,
 				return err
 			}
 			defer c.Close()
-			in, err := c.ISCSIShow()
+			in, err := daemon.ISCSIShow(c)
 			if err != nil {
 				return err
 			}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -50,6 +51,11 @@ logged and ignored.`,
 				return err
 			}
 			if printConfig {
+				// The new form (nbd: beside iscsi:), with a note on
+				// stderr for each deprecated top-level key the file used.
+				for _, n := range cfg.DeprecationNotes() {
+					fmt.Fprintln(os.Stderr, "vmsan: "+n)
+				}
 				b, err := cfg.MarshalMasked() // secrets are never printed
 				if err != nil {
 					return err

@@ -82,7 +82,13 @@ func TestDaemonCDMAndBonnie(t *testing.T) {
 		t.Fatalf("bonnie table:\n%s", table)
 	}
 	var engWritten, engRead uint64
-	for _, v := range d.Status().Volumes {
+	cl := daemon.NewClient(d.ControlPath())
+	defer cl.Close()
+	st, err := cl.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range st.Volumes {
 		if v.Name == "default" && v.Engine != nil {
 			engWritten, engRead = v.Engine.BytesWritten, v.Engine.BytesRead
 		}

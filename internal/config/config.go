@@ -46,7 +46,6 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/vmsan/vmsan/internal/backend"
-	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/replset"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -58,8 +57,10 @@ const (
 	DefaultVolumeName = "default"
 	DefaultVolumeSize = 10 << 30
 	// DefaultMaxPayload is the NBD spec's 32 MiB, which every client
-	// accepts without negotiation.
-	DefaultMaxPayload = proto.DefaultMaxPayload
+	// accepts without negotiation. It repeats nbd/proto's
+	// DefaultMaxPayload so that config imports no front end; a test on
+	// the NBD side (nbd/proto) asserts the two are equal.
+	DefaultMaxPayload = 32 << 20
 )
 
 // Size is a byte count that unmarshals from "20G" style strings or plain
@@ -241,6 +242,10 @@ func (r Replication) validate(where string) []string {
 }
 
 // Config is the whole daemon configuration.
+//
+// Listen, TLS, MaxPayload and MaxConnections are the NBD front end's: a
+// file sets them under nbd: (NBD); at the top level they are still read
+// (deprecated, see Deprecated), and after decoding they are here.
 type Config struct {
 	DataDir       string   `yaml:"data_dir,omitempty"`
 	Listen        []string `yaml:"listen,omitempty"`
@@ -267,8 +272,14 @@ type Config struct {
 	// NoDefaultVolume stops the daemon from creating the 10 GiB "default"
 	// volume in an empty data directory.
 	NoDefaultVolume bool `yaml:"no_default_volume,omitempty"`
+	// NBD is the nbd: section as read; decoding moves it into Listen,
+	// TLS, MaxPayload and MaxConnections and leaves it empty (nbd.go).
+	NBD NBD `yaml:"nbd,omitempty"`
 	// ISCSI configures the iSCSI front end (iscsi.go); off by default.
 	ISCSI ISCSI `yaml:"iscsi,omitempty"`
+	// Deprecated names the deprecated top-level keys the file used
+	// ("listen", "tls", "max_payload", "max_connections"; DeprecationNotes).
+	Deprecated []string `yaml:"-"`
 }
 
 // Default returns the embedded configuration. Listen is empty here: the
@@ -380,6 +391,9 @@ func decode(b []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true) // a typo in a key must not be silently ignored
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, err
+	}
+	if err := cfg.foldNBD(topLevelKeys(b)); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil

@@ -5,12 +5,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/role"
 )
 
 // VolumeRole is a volume's role in a replicated pair as front ends present
 // it to initiators (iSCSI: ALUA asymmetric access states). The role
-// controller (internal/role, Daemon.Roles) owns it: replication registers
+// controller (internal/role; host.Host.Roles for plugins) owns it: replication registers
 // each replica there, promote and demote run there, and the daemon
 // subscribes the front ends, so that neither imports the other.
 type VolumeRole = role.Role
@@ -29,38 +30,16 @@ const (
 	RoleChanging = role.Transitioning
 )
 
-// Roles is the role controller: the one owner of every replicated
-// volume's role. Replication registers its replicas there (Register,
-// Observe); the control API, the CLI through it, and later the cluster's
-// lease watcher change roles with Change; the front ends are subscribed in
-// New (setVolumeRole).
-func (d *Daemon) Roles() *role.Controller { return d.roleCtl }
-
-// roleObserver is implemented by front ends that present roles
-// (iscsiFrontEnd). volumeRoleChanged must not change roles
-// (role.Subscriber).
-type roleObserver interface {
-	volumeRoleChanged(name string, r VolumeRole)
-}
-
-// roleDrainer is implemented by front ends that can wait until the
-// commands they admitted under the previous role have completed
-// (iscsiFrontEnd: the per-volume logical unit's ALUA-checked commands).
-// The role controller calls it through DrainVolume.
-type roleDrainer interface {
-	drainVolume(name string, timeout time.Duration) error
-}
-
-// DrainVolume waits (bounded by timeout) until every command that front
+// drainVolume waits (bounded by timeout) until every command that front
 // ends admitted for the volume before the role controller published
 // RoleChanging has completed. The controller calls it between that and a
 // promote or demote (role.Options.Drain), so no
 // write admitted as primary meets the read-only secondary (EROFS, which
 // an initiator would see as a target error instead of a path change).
-func (d *Daemon) DrainVolume(name string, timeout time.Duration) error {
+func (d *Daemon) drainVolume(name string, timeout time.Duration) error {
 	for _, fe := range d.frontEnds {
-		if o, ok := fe.(roleDrainer); ok {
-			if err := o.drainVolume(name, timeout); err != nil {
+		if o, ok := fe.(frontend.RoleDrainer); ok {
+			if err := o.DrainVolume(name, timeout); err != nil {
 				return fmt.Errorf("volume %s: %w", name, err)
 			}
 		}
@@ -100,14 +79,14 @@ func (d *Daemon) setVolumeRole(name string, r VolumeRole) {
 	}
 	d.log.Info("volume role for front ends", "volume", name, "role", r.String(), "was", old.String())
 	for _, fe := range d.frontEnds {
-		if o, ok := fe.(roleObserver); ok {
-			o.volumeRoleChanged(name, r)
+		if o, ok := fe.(frontend.RoleObserver); ok {
+			o.VolumeRoleChanged(name, r)
 		}
 	}
 }
 
-// VolumeRole returns a volume's role (RoleStandalone unless set).
-func (d *Daemon) VolumeRole(name string) VolumeRole {
+// volumeRole returns a volume's role (RoleStandalone unless set).
+func (d *Daemon) volumeRole(name string) VolumeRole {
 	d.roles.mu.Lock()
 	defer d.roles.mu.Unlock()
 	return d.roles.m[name]

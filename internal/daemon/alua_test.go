@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 	"github.com/vmsan/vmsan/internal/scsi"
 )
 
@@ -107,19 +108,19 @@ func TestReplicatedPairALUA(t *testing.T) {
 			AllowAny:    true,
 		}
 	})
-	var fe *iscsiFrontEnd
+	var fe *iscsifront.FrontEnd
 	for _, f := range r.d.frontEnds {
-		if x, ok := f.(*iscsiFrontEnd); ok {
+		if x, ok := f.(*iscsifront.FrontEnd); ok {
 			fe = x
 		}
 	}
 	if fe == nil {
 		t.Fatal("no iSCSI front end")
 	}
-	if rels := fe.rels; len(rels) != 2 || rels[0] != 1 || rels[1] != 2 {
-		t.Fatalf("relative ports %v", rels)
+	if ps := fe.Show().Portals; len(ps) != 2 || ps[0].RelativePort != 1 || ps[1].RelativePort != 2 {
+		t.Fatalf("relative ports %+v", ps)
 	}
-	tgs := fe.targets()
+	tgs := fe.Targets()
 	if len(tgs) != 1 {
 		t.Fatalf("%d targets", len(tgs))
 	}
@@ -168,7 +169,7 @@ func TestReplicatedPairALUA(t *testing.T) {
 
 	// Every command above completed: the switch-over's drain (through the
 	// per-volume target) finds nothing admitted and returns at once.
-	if err := r.d.DrainVolume(config.DefaultVolumeName, time.Second); err != nil {
+	if err := r.d.drainVolume(config.DefaultVolumeName, time.Second); err != nil {
 		t.Fatalf("DrainVolume with nothing in flight: %v", err)
 	}
 	if n := tg.Admitted(); n != 0 {

@@ -1,236 +1,144 @@
 package daemon
 
 import (
-	"errors"
 	"net/http"
-	"syscall"
 
-	"github.com/vmsan/vmsan/internal/backend"
-	"github.com/vmsan/vmsan/internal/volrt"
+	"github.com/vmsan/vmsan/internal/control"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-// Control API: HTTP/1.1 + JSON over the Unix socket <data_dir>/control.sock.
-//
-//	GET    /v1/status                     Status
-//	GET    /v1/volumes                    []VolumeInfo
-//	POST   /v1/volumes                    CreateRequest -> VolumeInfo (201)
-//	GET    /v1/volumes/{name}             VolumeInfo
-//	POST   /v1/volumes/{name}/resize      ResizeRequest -> VolumeInfo
-//	POST   /v1/volumes/{name}/settings    Settings -> VolumeInfo
-//	DELETE /v1/volumes/{name}?force=true  204
-//	GET    /v1/events?now=&format=json    a stream of event lines (events.go)
-//	(snapshots, clones, rollback, import: see snapshot.go)
-//
-// Errors are APIError bodies with a stable Code, which the Client maps back
-// to the volume package's sentinel errors so errors.Is works across the
-// socket. New subsystems (replication) add endpoints with Daemon.Handle and
-// fields to /v1/status with Daemon.AddStatus; clients must ignore unknown
-// fields.
+// The control API (types, errors, HTTP handlers) is package control; the
+// daemon serves it over controlOps. The names below keep the API's types
+// where the CLI and tests have always found them.
+type (
+	VolumeInfo      = control.VolumeInfo
+	CreateRequest   = control.CreateRequest
+	ResizeRequest   = control.ResizeRequest
+	Settings        = control.Settings
+	Status          = control.Status
+	VolumeStatus    = control.VolumeStatus
+	EngineStats     = control.EngineStats
+	NoSpaceStatus   = control.NoSpaceStatus
+	APIError        = control.APIError
+	SnapshotInfo    = control.SnapshotInfo
+	SnapshotRequest = control.SnapshotRequest
+	CloneRequest    = control.CloneRequest
+	RollbackRequest = control.RollbackRequest
+	ImportRequest   = control.ImportRequest
+	// The client side: the control socket's client, and the volume
+	// operations the CLI runs through it or, without a daemon, on the
+	// store.
+	Client      = control.Client
+	VolumeOps   = control.VolumeOps
+	SnapshotOps = control.SnapshotOps
+	VolumeHooks = control.VolumeHooks
+	DeleteCheck = control.DeleteCheck
+	ResizeCheck = control.ResizeCheck
+)
 
-// APIVersion is reported in Status; bump it on incompatible changes.
-const APIVersion = 1
+// Dial connects to the daemon serving dataDir (control.Dial).
+func Dial(dataDir string) (*Client, error) { return control.Dial(dataDir) }
 
-// VolumeInfo is a volume as the control API reports it.
-type VolumeInfo struct {
-	volume.Meta
-	Path string `json:"path"`
-	// Allocated is the bytes actually allocated on the host filesystem
-	// (thin provisioning: usually much less than Size).
-	Allocated int64 `json:"allocated"`
-	// Open is true when the daemon has the volume open (engine running).
-	Open bool `json:"open"`
-	// Exports is the number of current references from front ends
-	// (connected NBD clients).
-	Exports int64 `json:"exports"`
-	// Problem says why a volume that is not open cannot be served (e.g. a
-	// damaged raw file and the command that repairs it).
-	Problem string `json:"problem,omitempty"`
+// NewClient is a client for the control socket at path (control.NewClient).
+func NewClient(path string) *Client { return control.NewClient(path) }
+
+// OpenVolumeOps is control.OpenVolumeOps.
+func OpenVolumeOps(dataDir string, hooks ...VolumeHooks) (VolumeOps, bool, error) {
+	return control.OpenVolumeOps(dataDir, hooks...)
 }
 
-// CreateRequest is the body of POST /v1/volumes. Size accepts units
-// ("20G"); see volume.ParseSize.
-type CreateRequest struct {
-	Name        string `json:"name"`
-	Size        string `json:"size"`
-	Cache       string `json:"cache,omitempty"`
-	Rotational  bool   `json:"rotational,omitempty"`
-	ReadOnly    bool   `json:"read_only,omitempty"`
-	Description string `json:"description,omitempty"`
-	BlockSize   uint32 `json:"block_size,omitempty"`
+// OpenExistingVolumeOps is control.OpenExistingVolumeOps.
+func OpenExistingVolumeOps(dataDir string, hooks ...VolumeHooks) (VolumeOps, bool, error) {
+	return control.OpenExistingVolumeOps(dataDir, hooks...)
 }
 
-// Options converts the request to volume.CreateOptions.
-func (c CreateRequest) Options() (volume.CreateOptions, error) {
-	size, err := volume.ParseSize(c.Size)
+// FollowCopy is control.FollowCopy.
+func FollowCopy(ops any, target string, set func(done, total int64)) (stop func()) {
+	return control.FollowCopy(ops, target, set)
+}
+
+// APIVersion is the control API's version (Status.APIVersion).
+const APIVersion = control.APIVersion
+
+var (
+	// ErrReplicated: the operation would break a replicated pair
+	// (resizing one copy); a ResizeCheck wraps it.
+	ErrReplicated = control.ErrReplicated
+	// ErrDaemonStopped: the daemon went away during a call.
+	ErrDaemonStopped = control.ErrDaemonStopped
+	// ErrNoDaemon: no daemon is listening on the control socket.
+	ErrNoDaemon = control.ErrNoDaemon
+)
+
+// ErrorCode is control.ErrorCode: the API's code for err, or "".
+func ErrorCode(err error) string { return control.ErrorCode(err) }
+
+func writeJSON(w http.ResponseWriter, status int, v any) { control.WriteJSON(w, status, v) }
+
+// controlOps is the daemon as the control API calls it (control.Ops).
+type controlOps struct{ d *Daemon }
+
+var _ control.Ops = controlOps{}
+
+func (o controlOps) Status() Status { return o.d.status() }
+
+func (o controlOps) List() ([]VolumeInfo, error) {
+	list, err := o.d.store.List()
+	if list == nil {
+		return nil, err
+	}
+	out := make([]VolumeInfo, 0, len(list))
+	for _, m := range list {
+		out = append(out, o.d.info(m))
+	}
+	return out, err
+}
+
+func (o controlOps) Info(name string) (VolumeInfo, error) {
+	m, err := o.d.store.Get(name)
 	if err != nil {
-		return volume.CreateOptions{}, err
+		return VolumeInfo{}, err
 	}
-	return volume.CreateOptions{
-		Name: c.Name, Size: size, Cache: backendMode(c.Cache), Rotational: c.Rotational,
-		ReadOnly: c.ReadOnly, Description: c.Description, LogicalBlockSize: c.BlockSize,
-	}, nil
+	return o.d.info(m), nil
 }
 
-// ResizeRequest is the body of POST /v1/volumes/{name}/resize.
-type ResizeRequest struct {
-	Size  string `json:"size"`
-	Force bool   `json:"force,omitempty"`
+func (o controlOps) CreateVolume(c volume.CreateOptions) (VolumeInfo, error) {
+	return o.d.createVolume(c)
 }
 
-// Settings is the body of POST /v1/volumes/{name}/settings: the mutable
-// metadata fields; nil fields are left unchanged.
-type Settings struct {
-	Cache       *string `json:"cache,omitempty"`
-	Rotational  *bool   `json:"rotational,omitempty"`
-	ReadOnly    *bool   `json:"read_only,omitempty"`
-	Description *string `json:"description,omitempty"`
+func (o controlOps) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
+	return o.d.resizeVolume(name, size, force)
 }
 
-// apply sets the non-nil fields on m.
-func (s Settings) apply(m *volume.Meta) error {
-	if s.Cache != nil {
-		mode, err := backend.ParseCacheMode(*s.Cache)
-		if err != nil {
-			return &APIError{Code: "bad_request", Message: err.Error()}
-		}
-		m.Cache = mode
-	}
-	if s.Rotational != nil {
-		m.Rotational = *s.Rotational
-	}
-	if s.ReadOnly != nil {
-		m.ReadOnly = *s.ReadOnly
-	}
-	if s.Description != nil {
-		m.Description = *s.Description
-	}
-	return nil
+func (o controlOps) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
+	return o.d.updateVolume(name, s)
 }
 
-// Status is the body of GET /v1/status.
-type Status struct {
-	APIVersion int            `json:"api_version"`
-	PID        int            `json:"pid"`
-	DataDir    string         `json:"data_dir"`
-	Listeners  []string       `json:"listeners"`
-	Metrics    string         `json:"metrics,omitempty"`
-	Volumes    []VolumeStatus `json:"volumes"`
-	// FrontEnds are the front ends' front-end-neutral statistics, with
-	// their connected clients.
-	FrontEnds []volrt.FrontEndStats `json:"front_ends,omitempty"`
-	// InflightBudget is the daemon-wide payload budget all front ends
-	// share (inflight_budget): limit, bytes in use, waits, refusals.
-	InflightBudget *volrt.BudgetStats `json:"inflight_budget,omitempty"`
-	// Server is the NBD server's statistics snapshot (also in FrontEnds'
-	// detail; kept so existing readers of this field keep working).
-	Server any `json:"server,omitempty"`
-	// Extra holds sections added with Daemon.AddStatus (e.g. "replication").
-	Extra map[string]any `json:"extra,omitempty"`
+func (o controlOps) DeleteVolume(name string, force bool) error { return o.d.deleteVolume(name, force) }
+
+func (o controlOps) CreateSnapshot(vol, snap string, copyData, temporary bool) (SnapshotInfo, error) {
+	return o.d.createSnapshot(vol, snap, volume.CloneOptions{Copy: copyData, Temporary: temporary})
 }
 
-// VolumeStatus is one volume in Status.
-type VolumeStatus struct {
-	VolumeInfo
-	// Connections counts clients over all front ends; Clients lists them
-	// (front end, address, since when).
-	Connections int             `json:"connections"`
-	Clients     []volrt.Session `json:"clients,omitempty"`
-	Engine      *EngineStats    `json:"engine,omitempty"`
-	// NoSpace is present once writes to the volume failed with ENOSPC
-	// (its filesystem full): count, last time, free space now.
-	NoSpace *NoSpaceStatus `json:"no_space,omitempty"`
+func (o controlOps) DeleteSnapshot(vol, snap string, force bool) error {
+	return o.d.deleteSnapshot(vol, snap, force)
 }
 
-// APIError is the JSON body of every non-2xx reply.
-type APIError struct {
-	Code    string `json:"code"`
-	Message string `json:"error"`
+func (o controlOps) ListSnapshots(vol string) ([]SnapshotInfo, error) { return o.d.listSnapshots(vol) }
+
+func (o controlOps) Clone(src, name string, copyData bool) (VolumeInfo, error) {
+	return o.d.clone(src, name, copyData)
 }
 
-func (e *APIError) Error() string { return e.Message }
-
-// Is maps codes back to sentinel errors.
-func (e *APIError) Is(target error) bool {
-	for code, err := range codeErrs {
-		if e.Code == code && target == err {
-			return true
-		}
-	}
-	return false
+func (o controlOps) Rollback(vol, snap string, force, copyData bool) (VolumeInfo, error) {
+	return o.d.rollback(vol, snap, force, copyData)
 }
 
-var codeErrs = map[string]error{
-	"not_found":    volume.ErrNotFound,
-	"exists":       volume.ErrExists,
-	"in_use":       volume.ErrInUse,
-	"shrink":       volume.ErrShrink,
-	"bad_size":     volume.ErrBadSize,
-	"invalid_name": volume.ErrInvalidName,
-	"read_only":    volume.ErrReadOnly,
-	"invalid":      volume.ErrInvalid,
-	"damaged":      volume.ErrDamaged,
-	"replicated":   ErrReplicated,
+func (o controlOps) ImportVolume(c volume.CreateOptions, path string) (VolumeInfo, error) {
+	return o.d.importVolume(c, path)
 }
 
-// ErrReplicated: the operation would break a replicated pair (resizing one
-// copy); a ResizeCheck wraps it.
-var ErrReplicated = errors.New("refused for a replicated volume")
-
-// apiError turns an internal error into a status code and APIError. Bad
-// input always maps to 4xx (TestControlBadInput); 500 is left for real
-// server failures (I/O errors writing metadata, and the like).
-func apiError(err error) (int, *APIError) {
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return http.StatusInsufficientStorage, &APIError{Code: "no_space", Message: err.Error()}
-	}
-	for code, target := range codeErrs {
-		if errors.Is(err, target) {
-			st := http.StatusConflict
-			switch code {
-			case "not_found":
-				st = http.StatusNotFound
-			case "bad_size", "invalid_name", "invalid":
-				st = http.StatusBadRequest
-			}
-			return st, &APIError{Code: code, Message: err.Error()}
-		}
-	}
-	var ae *APIError
-	if errors.As(err, &ae) {
-		return http.StatusBadRequest, ae
-	}
-	return http.StatusInternalServerError, &APIError{Code: "internal", Message: err.Error()}
-}
-
-// ErrorCode is the control API's code for err ("not_found", "exists", ...,
-// as in APIError), or "" when it has none: what `--json` error output
-// reports beside the message, the same whether the error came over the
-// control socket or from the store directly.
-func ErrorCode(err error) string {
-	if err == nil {
-		return ""
-	}
-	var ae *APIError
-	if errors.As(err, &ae) && ae.Code != "" && ae.Code != "http" {
-		return ae.Code
-	}
-	if errors.Is(err, ErrDaemonStopped) {
-		return "daemon_stopped"
-	}
-	if errors.Is(err, ErrNoDaemon) {
-		return "no_daemon"
-	}
-	if errors.Is(err, volume.ErrNoDataDir) {
-		return "no_data_dir"
-	}
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return "no_space"
-	}
-	for code, target := range codeErrs {
-		if errors.Is(err, target) {
-			return code
-		}
-	}
-	return ""
-}
+func (o controlOps) ISCSIShow() any                { return o.d.iscsiShow() }
+func (o controlOps) Events() *events.Bus           { return o.d.events }
+func (o controlOps) EventSnapshot() []events.Event { return o.d.eventSnapshot() }

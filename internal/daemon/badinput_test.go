@@ -15,8 +15,21 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volume"
 )
+
+// controlHTTP is a plain HTTP client over dir's control socket (for
+// requests Client.Do does not make: raw bodies, text replies).
+func controlHTTP(dir string) *http.Client {
+	sock := filepath.Join(dir, ControlSocketName)
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return netutil.DialUnix("unix", sock, func(n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) })
+		},
+	}}
+}
 
 // TestControlBadInput: every control endpoint answers bad input with a 4xx
 // and a message, never a 500 (before the fix, `volume create 1E` on a
@@ -24,13 +37,7 @@ import (
 func TestControlBadInput(t *testing.T) {
 	dir := t.TempDir()
 	r := start(t, dir, nil)
-	sock := filepath.Join(dir, ControlSocketName)
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return dialUnix("unix", sock, func(n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) })
-		},
-	}}
+	hc := controlHTTP(dir)
 	do := func(method, path, body string) (int, APIError) {
 		t.Helper()
 		req, err := http.NewRequest(method, "http://vmsan"+path, strings.NewReader(body))

@@ -1,36 +1,31 @@
 package daemon
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/pprof"
 	"os"
 	"path/filepath"
-	"strconv"
-	"syscall"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/events"
-	"github.com/vmsan/vmsan/internal/httpjson"
+	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/metrics"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-// maxBodyBytes bounds a control request body; real ones are < 1 KiB.
-const maxBodyBytes = 64 << 10
-
 func (d *Daemon) startControl() error {
 	// Only the owner (root, normally) may create or delete volumes: the
-	// socket is ControlSocketMode from the start (see listenUnix). Bind
+	// socket is ControlSocketMode from the start (see netutil.ListenUnix). Bind
 	// under a temporary name, then rename it into place, so a client never
 	// finds a socket under the real name that is not yet served.
 	// (Holding the data-dir lock means no other daemon uses either name.)
 	tmp := filepath.Join(d.cfg.DataDir, ".control.sock.tmp")
-	ln, err := listenUnix(tmp, ControlSocketMode)
+	ln, err := netutil.ListenUnix(tmp, ControlSocketMode)
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
@@ -40,16 +35,7 @@ func (d *Daemon) startControl() error {
 	}
 	d.ctlLn = ln
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/status", d.hStatus)
-	mux.HandleFunc("GET /v1/volumes", d.hList)
-	mux.HandleFunc("POST /v1/volumes", d.hCreate)
-	mux.HandleFunc("GET /v1/volumes/{name}", d.hInfo)
-	mux.HandleFunc("POST /v1/volumes/{name}/resize", d.hResize)
-	mux.HandleFunc("POST /v1/volumes/{name}/settings", d.hSettings)
-	mux.HandleFunc("DELETE /v1/volumes/{name}", d.hDelete)
-	mux.HandleFunc("GET /v1/events", d.hEvents)
-	mux.HandleFunc("GET /v1/iscsi", d.hISCSI)
-	d.registerSnapshotRoutes(mux) // snapshots, clones, rollback, import
+	control.Register(mux, controlOps{d}, d.log, d.eventsStop)
 	// Metrics are also on the control socket, so they are available without
 	// opening a TCP port: curl --unix-socket DATA_DIR/control.sock http://x/metrics
 	mux.Handle("GET /metrics", metrics.Handler(metricsSource{d}))
@@ -71,24 +57,6 @@ func registerPprof(mux *http.ServeMux) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
-// writeJSON is the control API's one JSON reply writer (shared with the
-// replication plugin's routes).
-var writeJSON = httpjson.Write
-
-func writeErr(w http.ResponseWriter, err error) {
-	st, ae := apiError(err)
-	writeJSON(w, st, ae)
-}
-
-func readJSON(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return &APIError{Code: "bad_request", Message: "bad request body: " + err.Error()}
-	}
-	return nil
-}
-
 // settingsErr marks a failure to open a volume with the settings a request
 // asked for (cache=none where the filesystem refuses O_DIRECT, a damaged
 // raw file) as the client's to fix (4xx), keeping the reason.
@@ -99,18 +67,8 @@ func settingsErr(err error) error {
 	return fmt.Errorf("%w: cannot open the volume with these settings: %v", volume.ErrInvalid, err)
 }
 
-// allocatedBytes is st_blocks*512 of the raw file: what thin provisioning
-// actually uses on the host.
-func allocatedBytes(path string) int64 {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0
-	}
-	return st.Blocks * 512
-}
-
 func (d *Daemon) info(m volume.Meta) VolumeInfo {
-	vi := VolumeInfo{Meta: m, Path: d.store.RawPath(m.Name), Allocated: allocatedBytes(d.store.RawPath(m.Name))}
+	vi := VolumeInfo{Meta: m, Path: d.store.RawPath(m.Name), Allocated: control.AllocatedBytes(d.store.RawPath(m.Name))}
 	if v := (*d.vols.Load())[m.Name]; v != nil {
 		vi.Open = true
 		vi.Exports = d.clientsOf(m.Name, v)
@@ -120,33 +78,8 @@ func (d *Daemon) info(m volume.Meta) VolumeInfo {
 	return vi
 }
 
-func (d *Daemon) hList(w http.ResponseWriter, r *http.Request) {
-	list, err := d.store.List()
-	if list == nil {
-		writeErr(w, err)
-		return
-	}
-	if err != nil {
-		d.log.Warn("some volumes are unreadable", "err", err)
-	}
-	out := make([]VolumeInfo, 0, len(list))
-	for _, m := range list {
-		out = append(out, d.info(m))
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-func (d *Daemon) hInfo(w http.ResponseWriter, r *http.Request) {
-	m, err := d.store.Get(r.PathValue("name"))
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, d.info(m))
-}
-
-// CreateVolume creates a volume and starts exporting it.
-func (d *Daemon) CreateVolume(o volume.CreateOptions) (VolumeInfo, error) {
+// createVolume creates a volume and starts exporting it.
+func (d *Daemon) createVolume(o volume.CreateOptions) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m, err := d.store.Create(o)
@@ -166,31 +99,12 @@ func (d *Daemon) CreateVolume(o volume.CreateOptions) (VolumeInfo, error) {
 	return d.info(m), nil
 }
 
-func (d *Daemon) hCreate(w http.ResponseWriter, r *http.Request) {
-	var req CreateRequest
-	if err := readJSON(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	o, err := req.Options()
-	if err != nil {
-		writeErr(w, fmt.Errorf("%w: %v", volume.ErrBadSize, err))
-		return
-	}
-	vi, err := d.CreateVolume(o)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, vi)
-}
-
-// ResizeVolume resizes a volume online; connected clients see the new size
+// resizeVolume resizes a volume online; connected clients see the new size
 // when they reconnect.
-func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
+func (d *Daemon) resizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, name, size); err != nil {
+	if err := control.CheckResize(d.opts.Hooks.Resize, d.cfg.DataDir, name, size); err != nil {
 		return VolumeInfo{}, err
 	}
 	m, err := d.store.Resize(name, size, force)
@@ -202,31 +116,12 @@ func (d *Daemon) ResizeVolume(name string, size int64, force bool) (VolumeInfo, 
 	return d.info(m), nil
 }
 
-func (d *Daemon) hResize(w http.ResponseWriter, r *http.Request) {
-	var req ResizeRequest
-	if err := readJSON(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	size, err := volume.ParseSize(req.Size)
-	if err != nil {
-		writeErr(w, fmt.Errorf("%w: %v", volume.ErrBadSize, err))
-		return
-	}
-	vi, err := d.ResizeVolume(r.PathValue("name"), size, req.Force)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, vi)
-}
-
-// UpdateVolume changes a volume's mutable settings (cache mode, rotational
+// updateVolume changes a volume's mutable settings (cache mode, rotational
 // hint, read-only, description). The open volume is closed and reopened
 // with the new settings, which needs it to be idle: with clients connected
 // it returns ErrInUse (they would otherwise keep the old flags, negotiated
 // at connect time).
-func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
+func (d *Daemon) updateVolume(name string, s Settings) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old := (*d.vols.Load())[name]
@@ -234,7 +129,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		// Missing, or exists but could not be opened at start (say
 		// cache=none where O_DIRECT is refused): new settings may fix it, so
 		// try to open and export it now.
-		m, err := d.store.Update(name, s.apply)
+		m, err := d.store.Update(name, s.Apply)
 		if err != nil {
 			return VolumeInfo{}, err
 		}
@@ -256,7 +151,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 	// Idle holds (iSCSI logical units between sessions) would keep the
 	// instance closed below: let them go; the next command opens the new one.
 	for _, fe := range d.frontEnds {
-		if h, ok := fe.(idleHolder); ok {
+		if h, ok := fe.(frontend.IdleHolder); ok {
 			h.ReleaseIdle(name)
 		}
 	}
@@ -265,7 +160,7 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 		old.AbortDelete()
 		return VolumeInfo{}, err
 	}
-	m, err := d.store.Update(name, s.apply)
+	m, err := d.store.Update(name, s.Apply)
 	if err != nil {
 		old.AbortDelete()
 		return VolumeInfo{}, err
@@ -299,29 +194,15 @@ func (d *Daemon) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
 	return d.info(m), nil
 }
 
-func (d *Daemon) hSettings(w http.ResponseWriter, r *http.Request) {
-	var req Settings
-	if err := readJSON(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	vi, err := d.UpdateVolume(r.PathValue("name"), req)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, vi)
-}
-
-// DeleteVolume deletes a volume. Without force it refuses while a client is
+// deleteVolume deletes a volume. Without force it refuses while a client is
 // connected. With force, connected clients get EIO on every further request
 // and the engine is closed when the last one disconnects.
-func (d *Daemon) DeleteVolume(name string, force bool) error {
+func (d *Daemon) deleteVolume(name string, force bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	v := (*d.vols.Load())[name]
 	if v != nil {
-		if err := checkDelete(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
+		if err := control.CheckDelete(d.opts.Hooks.Delete, d.cfg.DataDir, name, force); err != nil {
 			return err
 		}
 		v.BeginDelete() // see volrt.Volume.Acquire's INVARIANT
@@ -354,24 +235,8 @@ func (d *Daemon) DeleteVolume(name string, force bool) error {
 	return nil
 }
 
-func (d *Daemon) hDelete(w http.ResponseWriter, r *http.Request) {
-	force := false
-	if f := r.URL.Query().Get("force"); f != "" {
-		var err error
-		if force, err = strconv.ParseBool(f); err != nil {
-			writeErr(w, &APIError{Code: "bad_request", Message: fmt.Sprintf("force=%q: want true or false", f)})
-			return
-		}
-	}
-	if err := d.DeleteVolume(r.PathValue("name"), force); err != nil {
-		writeErr(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-// Status assembles the /v1/status document.
-func (d *Daemon) Status() Status {
+// status assembles the /v1/status document.
+func (d *Daemon) status() Status {
 	st := Status{APIVersion: APIVersion, PID: os.Getpid(), DataDir: d.cfg.DataDir}
 	st.FrontEnds = d.frontEndStats()
 	bs := d.budget.Stats()
@@ -395,7 +260,7 @@ func (d *Daemon) Status() Status {
 		cs := clients[m.Name]
 		vs := VolumeStatus{VolumeInfo: d.info(m), Connections: len(cs), Clients: cs}
 		if v := vols[m.Name]; v != nil {
-			es := engineStats(v.EngineStats())
+			es := control.EngineStatsOf(v.EngineStats())
 			vs.Engine = &es
 		}
 		vs.NoSpace = d.noSpaceStatus(m.Name)
@@ -414,8 +279,4 @@ func (d *Daemon) Status() Status {
 		}
 	}
 	return st
-}
-
-func (d *Daemon) hStatus(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, d.Status())
 }

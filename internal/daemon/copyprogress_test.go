@@ -72,5 +72,10 @@ func TestSnapshotCopyProgress(t *testing.T) {
 	}
 	t.Logf("%d progress events", len(seen))
 	// Without a daemon (the copy runs in-process) there is nothing to follow.
-	FollowCopy(directOps{}, "v1@s1", func(int64, int64) { t.Error("called without a daemon") })()
+	direct, viaDaemon, err := OpenVolumeOps(t.TempDir())
+	if err != nil || viaDaemon {
+		t.Fatalf("OpenVolumeOps on an empty directory: via daemon %v, %v", viaDaemon, err)
+	}
+	defer direct.Close()
+	FollowCopy(direct, "v1@s1", func(int64, int64) { t.Error("called without a daemon") })()
 }

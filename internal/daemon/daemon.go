@@ -1,10 +1,11 @@
-// Package daemon wires vmsan together: volume store -> volume runtime
-// (volrt.Volume: backend + I/O engine) -> export registry -> a list of
-// front ends (NBD and, when iscsi.listen is set, iSCSI; frontEndFactories
-// in frontend.go), plus the control socket, metrics, plugins and
-// signal-driven shutdown. It speaks no protocol: each front end implements
-// FrontEnd (nbd.go for NBD, iscsi.go for iSCSI), and adding one is a line
-// in frontEndFactories.
+// Package daemon is the composition root: it wires volume store ->
+// volume runtime (volrt.Volume: backend + I/O engine) -> export registry
+// -> a list of front ends (frontEndFactories: NBD, iSCSI), plus the
+// control socket, metrics, plugins and signal-driven shutdown. It knows no
+// protocol: each front end is built against frontend.Host (feHost) and
+// implements frontend.FrontEnd (package nbd/nbdfront for NBD,
+// iscsi/iscsifront for iSCSI); plugins are built against host.Host
+// (pluginHost). Adding a front end is a line in frontEndFactories.
 //
 // Simplest use (what `vmsan serve` does):
 //
@@ -15,7 +16,7 @@
 // Plugins (replication) and volume hooks are passed in Options; there is
 // no global registration, so a daemon built in a test has exactly what the
 // test passes. A plugin registers a replicated volume with the role
-// controller (Roles, internal/role), which owns its role and tells the
+// controller (host.Host.Roles, internal/role), which owns its role and tells the
 // front ends (alua.go; the iSCSI front end maps it to ALUA port group
 // states), so front ends and plugins never import each other.
 //
@@ -53,12 +54,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/events"
-	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/frontend"
+	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -66,7 +68,7 @@ import (
 )
 
 // ControlSocketName is the control socket's file name inside the data dir.
-const ControlSocketName = "control.sock"
+const ControlSocketName = control.SocketName
 
 // Options are the parts of a daemon that are not configuration.
 type Options struct {
@@ -90,31 +92,13 @@ type Options struct {
 	Hooks VolumeHooks
 }
 
-// VolumeHooks are the checks other subsystems (replication) apply to
-// volume deletion and resizing, with or without a running daemon. They are
-// passed explicitly (Options.Hooks, OpenVolumeOps), never registered
-// globally.
-type VolumeHooks struct {
-	Delete []DeleteCheck
-	Resize []ResizeCheck
-}
-
-func mergeHooks(hs []VolumeHooks) VolumeHooks {
-	var out VolumeHooks
-	for _, h := range hs {
-		out.Delete = append(out.Delete, h.Delete...)
-		out.Resize = append(out.Resize, h.Resize...)
-	}
-	return out
-}
-
 // Daemon is a running vmsan node.
 type Daemon struct {
 	cfg   config.Config
 	opts  Options
 	log   *slog.Logger
 	store *volume.Store
-	nbd   *nbdFrontEnd // the NBD entry of frontEnds (NBDAddrs, Server)
+	nbd   *nbdfront.FrontEnd // the NBD entry of frontEnds (NBDAddrs)
 	// budget is the daemon-wide in-flight payload budget every front
 	// end's per-connection budget reserves from (inflight_budget).
 	budget volrt.Budget
@@ -168,27 +152,12 @@ type Daemon struct {
 	replMetrics atomic.Pointer[replMetricsFn]
 
 	// roles are replicated volumes' roles as the front ends were told
-	// them (setVolumeRole, alua.go); roleCtl owns them (Roles).
+	// them (setVolumeRole, alua.go); roleCtl owns them (pluginHost.Roles).
 	roles   volumeRoles
 	roleCtl *role.Controller
 
 	// noSpace holds the volumes' ENOSPC records (nospace.go).
 	noSpace noSpaceWatch
-}
-
-// Plugin extends a daemon with per-volume features that live outside this
-// package (replication, internal/repl/driver). `vmsan serve` passes them
-// in Options.Plugins; a daemon built in a test gets exactly the plugins
-// the test passes.
-type Plugin interface {
-	// Start runs once the volumes are open and the control socket is up,
-	// before anything is served. open returns a volume's device without
-	// any plugin wrapping (release it with Release when done).
-	Start(d *Daemon, open func(name string) (export.Device, error)) error
-	// WrapDevice may wrap the device a front end gets from the registry.
-	WrapDevice(name string, dev export.Device) export.Device
-	// Stop runs at shutdown after front ends drained, before volumes close.
-	Stop() error
 }
 
 // VolumeDeleter is implemented by plugins that hold a volume open or keep
@@ -198,69 +167,6 @@ type Plugin interface {
 // before it stopped (volume.Store.RemoveStateDebris).
 type VolumeDeleter interface {
 	VolumeDeleted(name string)
-}
-
-// DeleteCheck may refuse deleting a volume with a clear error (it sees
-// force), with or without a running daemon: replication refuses a
-// replicated volume without force, because its state (in the volume's
-// state directory) goes with it.
-type DeleteCheck func(dataDir, name string, force bool) error
-
-func checkDelete(checks []DeleteCheck, dataDir, name string, force bool) error {
-	for _, c := range checks {
-		if err := c(dataDir, name, force); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// ResizeCheck may refuse resizing a volume (to size bytes) with a clear
-// error, with or without a running daemon: replication refuses for a
-// replicated volume, whose two copies must stay the same size.
-type ResizeCheck func(dataDir, name string, size int64) error
-
-func checkResize(resizeChecks []ResizeCheck, dataDir, name string, size int64) error {
-	for _, c := range resizeChecks {
-		if err := c(dataDir, name, size); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// PluginFactory builds a plugin for a daemon's configuration; it returns
-// nil, nil when the plugin has nothing to do.
-type PluginFactory func(cfg config.Config, log *slog.Logger) (Plugin, error)
-
-func (d *Daemon) startPlugins() error {
-	for _, f := range d.opts.Plugins {
-		p, err := f(d.cfg, d.log)
-		if err != nil {
-			return err
-		}
-		if p == nil {
-			continue
-		}
-		d.plugins = append(d.plugins, p)
-		d.wraps = append(d.wraps, p.WrapDevice)
-		if err := p.Start(d, func(name string) (export.Device, error) { return registry{d}.open(name, false) }); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (d *Daemon) stopPlugins() error {
-	var errs []error
-	d.pluginsStop.Do(func() {
-		for i := len(d.plugins) - 1; i >= 0; i-- {
-			if err := d.plugins[i].Stop(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	})
-	return errors.Join(errs...)
 }
 
 // New opens the data directory, binds all listeners, then ensures the
@@ -283,6 +189,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		level = new(slog.LevelVar)
 		level.Set(logLevel(cfg.LogLevel))
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	}
+	for _, n := range cfg.DeprecationNotes() {
+		log.Warn(n)
 	}
 	d := &Daemon{cfg: cfg, opts: opts, log: log, level: level, statusFn: map[string]func() any{}, serveErr: make(chan error, 8),
 		events: events.NewBus(), eventsStop: make(chan struct{})}
@@ -347,9 +256,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	}
 	// The role controller exists before any plugin registers a volume
 	// with it, and its one subscriber (the front ends) before any role.
-	d.roleCtl = role.New(role.Options{Drain: d.DrainVolume, DrainTimeout: opts.RoleDrainTimeout, Log: log, Events: d.events})
+	d.roleCtl = role.New(role.Options{Drain: d.drainVolume, DrainTimeout: opts.RoleDrainTimeout, Log: log, Events: d.events})
 	d.roleCtl.Subscribe(func(e role.Event) { d.setVolumeRole(e.Volume, e.Role) })
-	d.AddEventSource(d.roleCtl.ExistsEvents)
+	pluginHost{d}.AddEventSource(d.roleCtl.ExistsEvents)
 	if err = d.startPlugins(); err != nil {
 		return nil, err
 	}
@@ -392,7 +301,7 @@ func (d *Daemon) ensureVolumes() error {
 			// and its size or settings are not touched until repaired.
 			continue
 		case int64(cv.Size) > m.Size:
-			if cerr := checkResize(d.opts.Hooks.Resize, d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
+			if cerr := control.CheckResize(d.opts.Hooks.Resize, d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
 				// Serve at the old size rather than refuse to start.
 				d.log.Error("not growing volume to its configured size", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size), "err", cerr)
 				break
@@ -513,7 +422,7 @@ func (d *Daemon) inUse(name string) bool { return d.volumeClients(name) > 0 }
 // volumeClients is the one definition of "in use" every command applies
 // (volume list's EXPORTS, delete, set, rollback): the references front
 // ends hold on the volume for connected clients, that is, all of them but
-// the idle holds (idleHolder) of front ends with no client on it.
+// the idle holds (frontend.IdleHolder) of front ends with no client on it.
 func (d *Daemon) volumeClients(name string) int64 {
 	v := (*d.vols.Load())[name]
 	if v == nil {
@@ -525,22 +434,11 @@ func (d *Daemon) volumeClients(name string) int64 {
 func (d *Daemon) clientsOf(name string, v *volrt.Volume) int64 {
 	refs := v.Refs()
 	for _, fe := range d.frontEnds {
-		if h, ok := fe.(idleHolder); ok {
+		if h, ok := fe.(frontend.IdleHolder); ok {
 			refs -= h.IdleHolds(name)
 		}
 	}
 	return max(refs, 0)
-}
-
-// idleHolder is a front end that holds volumes open without a client (the
-// iSCSI front end's logical units keep their volume between sessions).
-// IdleHolds returns how many of vol's references are such holds, so they
-// do not count as connected clients; ReleaseIdle drops them (before the
-// volume is closed and reopened with new settings: the holds would keep
-// the closed instance).
-type idleHolder interface {
-	IdleHolds(vol string) int64
-	ReleaseIdle(vol string)
 }
 
 // resizeHook is the store's Resize hook: an open volume is resized through
@@ -565,7 +463,7 @@ const ControlSocketMode = 0o600
 
 func listen(l string) (net.Listener, error) {
 	if p, ok := strings.CutPrefix(l, "unix:"); ok {
-		return listenUnix(p, NBDSocketMode)
+		return netutil.ListenUnix(p, NBDSocketMode)
 	}
 	ln, err := net.Listen("tcp", l)
 	if err != nil {
@@ -574,60 +472,8 @@ func listen(l string) (net.Listener, error) {
 	return ln, nil
 }
 
-// listenUnix removes a stale socket file (one nobody answers on) before
-// binding, so a daemon killed with -9 can be restarted. The socket gets
-// exactly mode, independent of the umask: the socket's inode is given the
-// mode before bind (Linux creates the file with the socket inode's mode
-// minus the umask, so it is never wider than mode, not even for an
-// instant), and chmod after bind sets it exactly.
-func listenUnix(p string, mode os.FileMode) (net.Listener, error) {
-	if st, err := os.Lstat(p); err == nil {
-		if st.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen unix:%s: exists and is not a socket", p)
-		}
-		dial := func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, time.Second) }
-		if c, err := dialUnix("unix", p, dial); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listen unix:%s: another process is serving on it", p)
-		}
-		os.Remove(p)
-	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return nil, err
-	}
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) { serr = syscall.Fchmod(int(fd), uint32(mode.Perm())) }); err != nil {
-			return err
-		}
-		return serr
-	}}
-	var ln net.Listener
-	err := withShortPath(p, func(short string) (err error) {
-		ln, err = lc.Listen(context.Background(), "unix", short)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
-	}
-	if err := os.Chmod(p, mode.Perm()); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("listen unix:%s: %w", p, err)
-	}
-	return unixListener{ln, p}, nil
-}
-
-// unixListener reports the socket's real path as its address even when it
-// was bound through a /proc/self/fd alias (see withShortPath).
-type unixListener struct {
-	net.Listener
-	path string
-}
-
-func (l unixListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
-
 // NBDAddrs returns the bound NBD listener addresses in configuration order.
-func (d *Daemon) NBDAddrs() []net.Addr { return d.nbd.addrs() }
+func (d *Daemon) NBDAddrs() []net.Addr { return d.nbd.Addrs() }
 
 // MetricsAddr is the bound metrics address, or nil.
 func (d *Daemon) MetricsAddr() net.Addr {
@@ -639,22 +485,6 @@ func (d *Daemon) MetricsAddr() net.Addr {
 
 // ControlPath is the control socket path.
 func (d *Daemon) ControlPath() string { return filepath.Join(d.cfg.DataDir, ControlSocketName) }
-
-// Store gives other subsystems (replication) access to the volume store.
-func (d *Daemon) Store() *volume.Store { return d.store }
-
-// Handle registers an extra control API endpoint (Go 1.22 ServeMux pattern,
-// e.g. "POST /v1/volumes/{name}/promote"). Call before Run.
-func (d *Daemon) Handle(pattern string, h http.Handler) { d.ctlMux.Handle(pattern, h) }
-
-// AddStatus adds a section to /v1/status under Extra[key]; fn is called on
-// every status request and must be safe for concurrent use; a nil result
-// leaves the section out.
-func (d *Daemon) AddStatus(key string, fn func() any) {
-	d.statusMu.Lock()
-	d.statusFn[key] = fn
-	d.statusMu.Unlock()
-}
 
 // bannerExport is the volume the banner shows: the default export, else
 // the first by name; "" when there are no volumes.

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/testutil"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -175,7 +176,7 @@ func TestServeDefault(t *testing.T) {
 	// through Client.Do, which decodes JSON).
 	var metricsText string
 	req, _ := http.NewRequest("GET", "http://vmsan/metrics", nil)
-	if resp, err := c.hc.Do(req); err != nil {
+	if resp, err := controlHTTP(dir).Do(req); err != nil {
 		t.Fatal(err)
 	} else {
 		b, _ := io.ReadAll(resp.Body)
@@ -446,7 +447,7 @@ func TestDataSurvivesRestart(t *testing.T) {
 // sun_path allows still work (bound and dialled via /proc/self/fd).
 func TestLongDataDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
-	if len(filepath.Join(dir, ControlSocketName)) <= maxSunPath {
+	if len(filepath.Join(dir, ControlSocketName)) <= netutil.MaxSunPath {
 		t.Fatal("test path not long enough")
 	}
 	r := start(t, dir, func(c *config.Config) { c.NoDefaultVolume = true })

@@ -1,12 +1,6 @@
 package daemon
 
 import (
-	"context"
-	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"strconv"
 	"time"
 
@@ -22,27 +16,6 @@ import (
 // subscribes before the snapshot is taken, so no change is lost between
 // the two; a change that happened just before the snapshot may be
 // reported by both (the later line wins).
-
-// eventBuffer is each subscriber's queue: a burst of this many events
-// (e.g. hundreds of clients reconnecting at once) is absorbed; a
-// subscriber that falls further behind is dropped with an "overflow" line.
-const eventBuffer = 1024
-
-// eventWriteTimeout bounds one write to an event subscriber: a client that
-// stops reading its socket must not hold a handler (and a shutdown) forever.
-const eventWriteTimeout = 30 * time.Second
-
-// Events is the daemon's event bus; plugins publish on it.
-func (d *Daemon) Events() *events.Bus { return d.events }
-
-// AddEventSource adds fn's events to the "exists" snapshot each new
-// subscriber gets (the replication plugin: one line per replica). fn must
-// be safe for concurrent use. Call before Run.
-func (d *Daemon) AddEventSource(fn func() []events.Event) {
-	d.statusMu.Lock()
-	d.eventSrc = append(d.eventSrc, fn)
-	d.statusMu.Unlock()
-}
 
 // sessionChanged is every front end's Sessions watcher: the connect and
 // disconnect log lines (with the client's address and, on disconnect, how
@@ -96,123 +69,4 @@ func (d *Daemon) eventSnapshot() []events.Event {
 		out = append(out, fn()...)
 	}
 	return out
-}
-
-// hEvents streams events: ?now=true stops after the snapshot,
-// ?format=json writes one JSON object per line instead of text.
-func (d *Daemon) hEvents(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	now, err := parseBoolParam(q.Get("now"))
-	if err != nil {
-		writeErr(w, &APIError{Code: "bad_request", Message: "now: " + err.Error()})
-		return
-	}
-	asJSON := false
-	switch f := q.Get("format"); f {
-	case "", "text":
-	case "json":
-		asJSON = true
-	default:
-		writeErr(w, &APIError{Code: "bad_request", Message: fmt.Sprintf("format=%q: want text or json", f)})
-		return
-	}
-	sub := d.events.Subscribe(eventBuffer)
-	defer sub.Close()
-	rc := http.NewResponseController(w)
-	if asJSON {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-	} else {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	}
-	w.WriteHeader(http.StatusOK)
-	write := func(e events.Event) error {
-		rc.SetWriteDeadline(time.Now().Add(eventWriteTimeout))
-		var line []byte
-		if asJSON {
-			line, _ = json.Marshal(e)
-		} else {
-			line = []byte(e.String())
-		}
-		if _, err := w.Write(append(line, '\n')); err != nil {
-			return err
-		}
-		return nil
-	}
-	for _, e := range d.eventSnapshot() {
-		if write(e) != nil {
-			return
-		}
-	}
-	if write(events.New(events.Exists, "-")) != nil || rc.Flush() != nil || now {
-		return
-	}
-	for {
-		select {
-		case <-r.Context().Done():
-			return
-		case <-d.eventsStop:
-			return
-		case e, ok := <-sub.C():
-			if !ok {
-				if sub.Overflowed() {
-					write(events.New(events.Overflow, ""))
-					rc.Flush()
-				}
-				return
-			}
-			if write(e) != nil {
-				return
-			}
-			// Write what is queued before flushing: one flush per burst.
-			for n := len(sub.C()); n > 0; n-- {
-				if e, ok := <-sub.C(); ok && write(e) != nil {
-					return
-				}
-			}
-			if rc.Flush() != nil {
-				return
-			}
-		}
-	}
-}
-
-func parseBoolParam(s string) (bool, error) {
-	if s == "" {
-		return false, nil
-	}
-	b, err := strconv.ParseBool(s)
-	if err != nil {
-		return false, fmt.Errorf("%q: want true or false", s)
-	}
-	return b, nil
-}
-
-// Events opens the event stream (see hEvents); the caller reads lines
-// until EOF or ctx is done, and closes the body.
-func (c *Client) Events(ctx context.Context, now, asJSON bool) (io.ReadCloser, error) {
-	q := url.Values{}
-	q.Set("now", strconv.FormatBool(now))
-	if asJSON {
-		q.Set("format", "json")
-	}
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://vmsan/v1/events?"+q.Encode(), nil)
-	if err != nil {
-		return nil, err
-	}
-	// The stream has no end: the client's overall timeout must not apply.
-	hc := &http.Client{Transport: c.hc.Transport}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("control socket %s: %w", c.path, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
-		ae := &APIError{}
-		if json.Unmarshal(b, ae) != nil || ae.Message == "" {
-			ae = &APIError{Code: "http", Message: fmt.Sprintf("GET /v1/events: %s", resp.Status)}
-		}
-		return nil, ae
-	}
-	return resp.Body, nil
 }

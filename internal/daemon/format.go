@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -86,7 +87,7 @@ func PrintStatus(w io.Writer, s Status) {
 	tw.Flush()
 	printNoSpace(w, s.Volumes)
 	printClients(w, s.Volumes)
-	printISCSIStats(w, s.FrontEnds)
+	iscsifront.PrintStats(w, s.FrontEnds)
 	for k, v := range s.Extra {
 		b, _ := json.MarshalIndent(v, "  ", "  ")
 		fmt.Fprintf(w, "\n%s:\n  %s\n", k, b)

@@ -1,43 +1,26 @@
 package daemon
 
 import (
-	"context"
+	"log/slog"
 	"syscall"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/frontend"
+	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
-// FrontEnd is a protocol server over the daemon's volumes (NBD
-// and iSCSI). The daemon builds every entry of frontEndFactories in New, starts
-// them in Run, stops them first in Shutdown, and reads their Stats for
-// status and metrics; it knows nothing else about any protocol.
-//
-// Concurrency: Stats and BannerLines may be called concurrently with
-// Serve; Shutdown is called once, after or concurrently with Serve.
-type FrontEnd interface {
-	// Name is the front end's short name ("nbd"): the status section and
-	// the metrics label.
-	Name() string
-	// Serve serves until Shutdown (then returns nil) or until a listener
-	// fails (returns the error; the daemon then shuts down).
-	Serve(ctx context.Context) error
-	// Shutdown stops accepting, lets in-flight requests complete and be
-	// answered, and releases the listeners. Bounded by ctx.
-	Shutdown(ctx context.Context) error
-	// Stats is the front-end-neutral snapshot (clients included).
-	Stats() volrt.FrontEndStats
-	// BannerLines are printed at start-up after the volume summary: how a
-	// user connects (QEMU options, URLs).
-	BannerLines() []string
-	// Close releases listeners without draining (unwinding a failed New
-	// or after Shutdown). Idempotent.
-	Close()
-}
+// FrontEnd is a protocol server over the daemon's volumes (NBD and
+// iSCSI): see package frontend. The daemon builds every entry of
+// frontEndFactories in New, starts them in Run, stops them first in
+// Shutdown, and reads their Stats for status and metrics.
+type FrontEnd = frontend.FrontEnd
 
 // frontEndFactories builds the daemon's front ends, in banner order. A
 // front end is added with one line here (and its factory, next to nbd.go).
-// A factory takes its client tracker from d.newSessions, which gives every
+// A factory builds its front end against feHost (frontend.Host), whose
+// NewSessions which gives every
 // front end the connect/disconnect log lines and client events.
 // Factories run in New once TLS is loaded, before the control socket,
 // the volumes (created and opened after every listener is bound) and
@@ -45,7 +28,7 @@ type FrontEnd interface {
 // must look volumes up only when clients come.
 var frontEndFactories = []func(d *Daemon) (FrontEnd, error){
 	newNBDFrontEnd,
-	newISCSIFrontEnd, // iscsi.go; nil unless iscsi.listen is configured
+	newISCSIFrontEnd, // iscsi.go (package iscsi/iscsifront); nil unless iscsi.listen is configured
 }
 
 // FrontEnds returns the daemon's front ends (read-only after New).
@@ -94,6 +77,16 @@ func (d *Daemon) inflightBudget() config.Size {
 	return config.DefaultInflightBudget(ram, d.cfg.MaxPayload)
 }
 
-// BudgetStats is the daemon-wide in-flight budget's snapshot (metrics,
-// status).
-func (d *Daemon) BudgetStats() volrt.BudgetStats { return d.budget.Stats() }
+// feHost is the daemon as front ends see it (frontend.Host).
+type feHost struct{ d *Daemon }
+
+var _ frontend.Host = feHost{}
+
+func (h feHost) Logger() *slog.Logger                  { return h.d.log }
+func (h feHost) Registry() export.Registry             { return registry{h.d} }
+func (h feHost) Volumes() *frontend.Volumes            { return h.d.vols.Load() }
+func (h feHost) StateDir(vol string) (string, error)   { return h.d.store.StateDir(vol) }
+func (h feHost) Budget() *volrt.Budget                 { return &h.d.budget }
+func (h feHost) VolumeRole(vol string) role.Role       { return h.d.volumeRole(vol) }
+func (h feHost) BannerExport() string                  { return h.d.bannerExport() }
+func (h feHost) NewSessions(fe string) *volrt.Sessions { return h.d.newSessions(fe) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/host"
 	"github.com/vmsan/vmsan/internal/nbd/client"
 )
 
@@ -34,7 +35,7 @@ func TestStatusListsClients(t *testing.T) {
 	// client sees slightly before the server goroutine does: poll.
 	var st Status
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		st = r.d.Status()
+		st = r.d.status()
 		if len(st.Volumes) == 1 && len(st.Volumes[0].Clients) == 2 {
 			break
 		}
@@ -73,7 +74,7 @@ func TestStatusListsClients(t *testing.T) {
 // from Options (no global registration).
 type countingPlugin struct{ wrapped int }
 
-func (p *countingPlugin) Start(*Daemon, func(string) (export.Device, error)) error { return nil }
+func (p *countingPlugin) Start(host.Host, func(string) (export.Device, error)) error { return nil }
 func (p *countingPlugin) WrapDevice(_ string, dev export.Device) export.Device {
 	p.wrapped++
 	return dev

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 	"github.com/vmsan/vmsan/internal/iscsi/pdu"
 	"github.com/vmsan/vmsan/internal/iscsi/text"
 	"github.com/vmsan/vmsan/internal/testutil"
@@ -24,8 +25,8 @@ func TestISCSIResizeAsyncMessage(t *testing.T) {
 	})
 	var addr string
 	for _, fe := range r.d.FrontEnds() {
-		if f, ok := fe.(*iscsiFrontEnd); ok {
-			addr = f.addrs()[0].String()
+		if f, ok := fe.(*iscsifront.FrontEnd); ok {
+			addr = f.Addrs()[0].String()
 		}
 	}
 	if addr == "" {
@@ -52,7 +53,7 @@ func TestISCSIResizeAsyncMessage(t *testing.T) {
 	if lr, ok := f.Header.(*pdu.LoginResponse); err != nil || !ok || lr.Status != 0 {
 		t.Fatalf("login: %v %+v", err, f.Header)
 	}
-	if _, err := r.d.ResizeVolume(config.DefaultVolumeName, 11<<30, false); err != nil {
+	if _, err := r.d.resizeVolume(config.DefaultVolumeName, 11<<30, false); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -78,13 +79,13 @@ func TestISCSIDeleteAfterLogout(t *testing.T) {
 	r := start(t, t.TempDir(), func(c *config.Config) {
 		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t", AllowAny: true}
 	})
-	if _, err := r.d.CreateVolume(volume.CreateOptions{Name: "extra", Size: 8 << 20}); err != nil {
+	if _, err := r.d.createVolume(volume.CreateOptions{Name: "extra", Size: 8 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	var addr string
 	for _, fe := range r.d.FrontEnds() {
-		if f, ok := fe.(*iscsiFrontEnd); ok {
-			addr = f.addrs()[0].String()
+		if f, ok := fe.(*iscsifront.FrontEnd); ok {
+			addr = f.Addrs()[0].String()
 		}
 	}
 	// iscsi-ls -s reads every LUN's capacity: the LUs open their volumes.
@@ -105,12 +106,12 @@ func TestISCSIDeleteAfterLogout(t *testing.T) {
 	if f, err := rd.Read(); err != nil || f.Header.(*pdu.LoginResponse).Status != 0 {
 		t.Fatalf("login: %v", err)
 	}
-	if err := r.d.DeleteVolume("extra", false); err == nil {
+	if err := r.d.deleteVolume("extra", false); err == nil {
 		t.Fatal("deleted a volume an iSCSI session is logged in to")
 	}
 	c.Close()
-	waitFor(t, "the session to end", func() bool { return r.d.Status().FrontEnds != nil && len(r.d.clients()["extra"]) == 0 })
-	if err := r.d.DeleteVolume("extra", false); err != nil {
+	waitFor(t, "the session to end", func() bool { return r.d.status().FrontEnds != nil && len(r.d.clients()["extra"]) == 0 })
+	if err := r.d.deleteVolume("extra", false); err != nil {
 		t.Fatalf("delete after the iSCSI sessions ended: %v", err)
 	}
 }

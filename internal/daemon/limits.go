@@ -12,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/netutil"
 )
 
@@ -56,7 +57,7 @@ const (
 )
 
 // Control socket limits. Requests are small JSON documents (at most
-// maxBodyBytes; `volume import` sends the path of a file it filled, not
+// control.MaxBodyBytes; `volume import` sends the path of a file it filled, not
 // the data), but handlers may run long (a --copy snapshot) and
 // `vmsan events` streams for as long as the client likes: so no
 // ReadTimeout or WriteTimeout on the server (a ReadTimeout would also
@@ -67,7 +68,7 @@ const (
 	controlIdleTimeout = 2 * time.Minute
 )
 
-// withBodyDeadline reads a request's body (at most maxBodyBytes) within
+// withBodyDeadline reads a request's body (at most control.MaxBodyBytes) within
 // controlBodyTimeout before the handler runs, so a client that sends a
 // complete header and then trickles its body cannot hold a handler and
 // its connection forever: it gets 408 and the connection is closed. The
@@ -80,7 +81,7 @@ func withBodyDeadline(h http.Handler) http.Handler {
 		}
 		rc := http.NewResponseController(w)
 		rc.SetReadDeadline(time.Now().Add(controlBodyTimeout))
-		b, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+		b, err := io.ReadAll(io.LimitReader(r.Body, control.MaxBodyBytes+1))
 		switch {
 		case err != nil:
 			w.Header().Set("Connection", "close")
@@ -90,9 +91,9 @@ func withBodyDeadline(h http.Handler) http.Handler {
 			}
 			writeJSON(w, st, &APIError{Code: "bad_request", Message: "reading the request body: " + err.Error()})
 			return
-		case len(b) > maxBodyBytes:
+		case len(b) > control.MaxBodyBytes:
 			w.Header().Set("Connection", "close")
-			writeJSON(w, http.StatusBadRequest, &APIError{Code: "bad_request", Message: fmt.Sprintf("bad request body: larger than %d bytes", maxBodyBytes)})
+			writeJSON(w, http.StatusBadRequest, &APIError{Code: "bad_request", Message: fmt.Sprintf("bad request body: larger than %d bytes", control.MaxBodyBytes)})
 			return
 		}
 		rc.SetReadDeadline(time.Time{})

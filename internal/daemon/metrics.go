@@ -8,6 +8,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/version"
 	"github.com/vmsan/vmsan/internal/volrt"
@@ -57,11 +58,6 @@ func (d *Daemon) metricsIndex(w http.ResponseWriter, r *http.Request) {
 // replMetricsFn supplies replication series (see SetReplicaMetrics).
 type replMetricsFn = func() []metrics.Replica
 
-// SetReplicaMetrics makes /metrics include replication series: fn is
-// called at every scrape and must be safe for concurrent use (the
-// replication plugin sets it; the daemon does not know the repl packages).
-func (d *Daemon) SetReplicaMetrics(fn func() []metrics.Replica) { d.replMetrics.Store(&fn) }
-
 // Replicas implements metrics.ReplicaSource.
 func (s metricsSource) Replicas() []metrics.Replica {
 	if fn := s.d.replMetrics.Load(); fn != nil {
@@ -84,7 +80,7 @@ func (s metricsSource) Volumes() []metrics.Volume {
 	out := make([]metrics.Volume, 0, len(vols))
 	for name, v := range vols {
 		es := v.EngineStats()
-		mv := metrics.Volume{Name: name, Size: v.Size(), Allocated: allocatedBytes(s.d.store.RawPath(name)), Engine: &es}
+		mv := metrics.Volume{Name: name, Size: v.Size(), Allocated: control.AllocatedBytes(s.d.store.RawPath(name)), Engine: &es}
 		mv.Connections = conns[name]
 		out = append(out, mv)
 	}

@@ -1,256 +1,46 @@
 package daemon
 
 import (
-	"context"
 	"crypto/tls"
-	"errors"
-	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/vmsan/vmsan/internal/nbd/proto"
-	"github.com/vmsan/vmsan/internal/nbd/server"
-	"github.com/vmsan/vmsan/internal/volrt"
+	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
+	"github.com/vmsan/vmsan/internal/netutil"
 )
 
-// nbdFrontEnd serves the volumes over NBD on the configured listeners.
-type nbdFrontEnd struct {
-	d         *Daemon
-	srv       *server.Server
-	lns       []net.Listener
-	sessions  *volrt.Sessions
-	closeOnce sync.Once
-}
-
-func tlsMode(s string) server.TLSMode {
-	switch s {
-	case "optional":
-		return server.TLSOptional
-	case "required":
-		return server.TLSRequired
-	}
-	return server.TLSOff
-}
-
+// newNBDFrontEnd binds the configured NBD listeners (Unix sockets with the
+// daemon's socket mode and stale-socket handling, listen) and builds the
+// NBD front end (package nbd/nbdfront) over them.
 func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 	var tlsCfg *tls.Config
 	if d.tls != nil {
-		tlsCfg = d.tls.base()
+		tlsCfg = d.tls.base() // follows reloads (tls.go)
 	}
-	f := &nbdFrontEnd{d: d, sessions: d.newSessions("nbd")}
-	f.srv = server.New(server.Config{
-		Registry:   registry{d},
-		TLSConfig:  tlsCfg,
-		TLSMode:    tlsMode(d.cfg.TLS.Mode),
-		MaxPayload: uint32(d.cfg.MaxPayload),
-		Budget:     &d.budget,
-		MaxConns:   d.cfg.MaxConnections,
+	c := nbdfront.Config{TLS: tlsCfg, TLSMode: d.cfg.TLS.Mode, ClientCA: d.cfg.TLS.CA != "",
+		MaxPayload: uint32(d.cfg.MaxPayload), MaxConns: d.cfg.MaxConnections,
 		// Connections still in the handshake are not the data path yet:
 		// at most an eighth of the descriptors (fdShare).
 		MaxPendingHandshakes: fdShare(d.cfg.MaxPendingHandshakes, 64, 8),
-		HandshakeTimeout:     time.Duration(d.cfg.HandshakeTimeout),
-		Logger:               d.log,
-		Sessions:             f.sessions,
-	})
+		HandshakeTimeout:     time.Duration(d.cfg.HandshakeTimeout)}
 	for _, l := range d.cfg.Listeners() {
 		ln, err := listen(l)
 		if err != nil {
-			f.Close()
+			for _, ln := range c.Listeners {
+				ln.Close()
+				if a, ok := ln.Addr().(*net.UnixAddr); ok {
+					os.Remove(a.Name)
+				}
+			}
 			return nil, err
 		}
-		f.lns = append(f.lns, ln)
-		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > maxSunPath {
+		c.Listeners = append(c.Listeners, ln)
+		if p, ok := strings.CutPrefix(l, "unix:"); ok && len(p) > netutil.MaxSunPath {
 			d.log.Warn("NBD socket path is longer than sun_path (107 bytes); most clients cannot connect to it, use --listen unix:SHORTER_PATH", "path", p)
 		}
-		// NBD has no access control of its own: TLS with client
-		// certificates is what keeps strangers on the network out.
-		if networkReachable(ln.Addr()) {
-			switch {
-			case d.cfg.TLS.Mode != "required":
-				d.log.Warn("NBD listener is reachable from the network without TLS (tls.mode required): any client that reaches it can read and write every volume", "listen", ln.Addr().String())
-			case d.cfg.TLS.CA == "":
-				d.log.Warn("NBD listener is reachable from the network and tls.ca is not set: any TLS client can read and write every volume (set tls.ca to require client certificates)", "listen", ln.Addr().String())
-			}
-		}
 	}
-	d.nbd = f
-	return f, nil
+	d.nbd = nbdfront.New(feHost{d}, c)
+	return d.nbd, nil
 }
-
-func (f *nbdFrontEnd) Name() string { return "nbd" }
-
-func (f *nbdFrontEnd) Serve(ctx context.Context) error {
-	errc := make(chan error, len(f.lns))
-	for _, ln := range f.lns {
-		go func(ln net.Listener) {
-			err := f.srv.Serve(ln)
-			if err != nil && !errors.Is(err, server.ErrServerClosed) {
-				err = fmt.Errorf("nbd listener %s: %w", ln.Addr(), err)
-			} else {
-				err = nil
-			}
-			errc <- err
-		}(ln)
-	}
-	for range f.lns {
-		if err := <-errc; err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (f *nbdFrontEnd) Shutdown(ctx context.Context) error {
-	if err := f.srv.Shutdown(ctx); err != nil {
-		return fmt.Errorf("nbd server shutdown: %w", err)
-	}
-	return nil
-}
-
-func (f *nbdFrontEnd) Close() {
-	f.closeOnce.Do(func() {
-		for _, ln := range f.lns {
-			ln.Close() // already closed by server.Shutdown normally; harmless
-			if a, ok := ln.Addr().(*net.UnixAddr); ok {
-				os.Remove(a.Name)
-			}
-		}
-	})
-}
-
-// addrs are the bound listener addresses in configuration order.
-func (f *nbdFrontEnd) addrs() []net.Addr {
-	out := make([]net.Addr, len(f.lns))
-	for i, ln := range f.lns {
-		out[i] = ln.Addr()
-	}
-	return out
-}
-
-func (f *nbdFrontEnd) Stats() volrt.FrontEndStats {
-	st := f.srv.Stats()
-	fs := volrt.FrontEndStats{
-		Name:         "nbd",
-		Accepted:     st.Accepted,
-		Active:       st.ActiveConns,
-		ErrorReplies: st.ErrorReplies,
-		BytesRead:    st.BytesRead,
-		BytesWritten: st.BytesWritten,
-		Clients:      f.sessions.List(),
-		Detail:       newNBDDetail(st),
-
-		HandshakeFails: st.HandshakeFails,
-		TLSHandshakes:  st.TLSHandshakes,
-		ProtocolErrors: st.ProtocolErrors,
-		Panics:         st.Panics,
-		HoleChunks:     st.HoleChunks,
-		Inflight:       st.InflightRequests,
-		Refused:        st.ConnsRefused,
-		Commands:       make([]volrt.CommandCount, len(st.Requests)),
-	}
-	for i, n := range st.Requests {
-		fs.Requests += n
-		fs.Commands[i] = volrt.CommandCount{Command: nbdCmdNames[i], Count: n}
-	}
-	for _, a := range f.addrs() {
-		if a.Network() == "unix" {
-			fs.Listeners = append(fs.Listeners, "unix:"+a.String())
-		} else {
-			fs.Listeners = append(fs.Listeners, a.String())
-		}
-	}
-	return fs
-}
-
-// BannerLines: QEMU options and nbdinfo URLs for the default export, on
-// the first TCP and first Unix listener.
-func (f *nbdFrontEnd) BannerLines() []string {
-	exp := f.d.bannerExport()
-	if exp == "" {
-		return nil
-	}
-	var tcp *net.TCPAddr
-	var unix *net.UnixAddr
-	for _, a := range f.addrs() {
-		switch a := a.(type) {
-		case *net.TCPAddr:
-			if tcp == nil {
-				tcp = a
-			}
-		case *net.UnixAddr:
-			if unix == nil {
-				unix = a
-			}
-		}
-	}
-	scheme := "nbd"
-	if f.d.cfg.TLS.Mode == "required" {
-		scheme = "nbds"
-	}
-	var out []string
-	if tcp != nil {
-		host := tcp.IP.String()
-		if tcp.IP.IsUnspecified() {
-			host = "127.0.0.1"
-		}
-		hp := net.JoinHostPort(host, fmt.Sprint(tcp.Port))
-		out = append(out,
-			"",
-			"Use it from QEMU with:",
-			fmt.Sprintf("  -drive file=%s://%s/%s,format=raw,if=virtio,cache=none", scheme, hp, exp),
-			"or:",
-			fmt.Sprintf("  -blockdev driver=nbd,server.type=inet,server.host=%s,server.port=%d,export=%s,node-name=disk0", host, tcp.Port, exp),
-			"Inspect it with:",
-			fmt.Sprintf("  nbdinfo %s://%s/%s", scheme, hp, exp))
-	}
-	if unix != nil {
-		sock := unix.String()
-		if abs, err := filepath.Abs(sock); err == nil {
-			sock = abs
-		}
-		out = append(out, "Over the Unix socket:", fmt.Sprintf("  nbdinfo 'nbd+unix:///%s?socket=%s'", exp, sock))
-	}
-	return out
-}
-
-// nbdDetail is the NBD server's counters as status shows them (the
-// front end's Detail, and Status.Server): snake_case names like the rest
-// of the control API, requests labelled by command.
-type nbdDetail struct {
-	Accepted         uint64            `json:"accepted"`
-	ActiveConns      int64             `json:"active_connections"`
-	HandshakeFails   uint64            `json:"handshake_failures"`
-	TLSHandshakes    uint64            `json:"tls_handshakes"`
-	Requests         map[string]uint64 `json:"requests"` // by command: read, write, ..., every command listed
-	ErrorReplies     uint64            `json:"error_replies"`
-	BytesRead        uint64            `json:"bytes_read"`
-	BytesWritten     uint64            `json:"bytes_written"`
-	ProtocolErrors   uint64            `json:"protocol_errors"`
-	Panics           uint64            `json:"panics"`
-	HoleChunks       uint64            `json:"hole_chunks"`
-	InflightRequests int64             `json:"inflight_requests"`
-	ConnsRefused     uint64            `json:"connections_refused"`
-}
-
-func newNBDDetail(st server.Stats) nbdDetail {
-	d := nbdDetail{Accepted: st.Accepted, ActiveConns: st.ActiveConns, HandshakeFails: st.HandshakeFails, TLSHandshakes: st.TLSHandshakes,
-		Requests: make(map[string]uint64, len(st.Requests)), ErrorReplies: st.ErrorReplies, BytesRead: st.BytesRead, BytesWritten: st.BytesWritten,
-		ProtocolErrors: st.ProtocolErrors, Panics: st.Panics, HoleChunks: st.HoleChunks, InflightRequests: st.InflightRequests, ConnsRefused: st.ConnsRefused}
-	for i, n := range st.Requests {
-		d.Requests[nbdCmdNames[i]] = n
-	}
-	return d
-}
-
-// nbdCmdNames label server.Stats.Requests (indexed by proto.Cmd):
-// "NBD_CMD_WRITE_ZEROES" -> "write_zeroes", matching the engine's op label.
-var nbdCmdNames = func() (n [len(server.Stats{}.Requests)]string) {
-	for i := range n {
-		n[i] = strings.ToLower(strings.TrimPrefix(proto.Cmd(i).String(), "NBD_CMD_"))
-	}
-	return n
-}()

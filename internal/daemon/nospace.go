@@ -146,14 +146,6 @@ func noSpaceAttrs(name string, st volrt.NoSpaceStats, free int64, haveFree bool)
 	return kv
 }
 
-// NoSpaceStatus is a volume's ENOSPC record in Status (present once the
-// volume had such an error), with the free space of its filesystem now.
-type NoSpaceStatus struct {
-	volrt.NoSpaceStats
-	FSFreeBytes int64 `json:"fs_free_bytes"`
-	FSSizeBytes int64 `json:"fs_size_bytes"`
-}
-
 // noSpaceStatus is name's record for Status, nil when it had no error.
 func (d *Daemon) noSpaceStatus(name string) *NoSpaceStatus {
 	n := d.noSpace.lookup(name)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
+	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/sdnotify"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -87,11 +88,14 @@ func (d *Daemon) Reload(next config.Config) error {
 	// Read the iSCSI access settings (CHAP secret files) before anything
 	// changes: an unreadable or short secret rejects the whole reload.
 	isf := d.iscsiFrontEnd()
-	var pol *iscsiPolicy
-	if isf != nil {
-		var err error
-		if pol, err = buildPolicy(next.ISCSI); err != nil {
-			return err
+	var applies []func()
+	for _, fe := range d.frontEnds {
+		if r, ok := fe.(frontend.Reloader); ok {
+			apply, err := r.PrepareReload(next)
+			if err != nil {
+				return err
+			}
+			applies = append(applies, apply)
 		}
 	}
 
@@ -152,8 +156,8 @@ func (d *Daemon) Reload(next config.Config) error {
 		// settings (CHAP, ACLs, allow_any) apply below.
 		restart("iscsi", "keys", iscsiRestartKeys(cur.ISCSI, next.ISCSI))
 	}
-	if isf != nil {
-		isf.reloadPolicy(pol)
+	for _, apply := range applies {
+		apply()
 	}
 	if next.LogLevel != cur.LogLevel {
 		if d.level != nil {
@@ -195,16 +199,6 @@ func (d *Daemon) Reload(next config.Config) error {
 
 	d.log.Info("configuration reloaded", "volumes", len(next.Volumes))
 	return errors.Join(errs...)
-}
-
-// iscsiFrontEnd returns the running iSCSI front end, or nil.
-func (d *Daemon) iscsiFrontEnd() *iscsiFrontEnd {
-	for _, fe := range d.frontEnds {
-		if f, ok := fe.(*iscsiFrontEnd); ok {
-			return f
-		}
-	}
-	return nil
 }
 
 // iscsiRestartKeys names the iscsi settings (YAML keys) that differ
@@ -273,7 +267,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 			d.log.Warn("new volume has replication settings; restart to create and replicate it", "volume", cv.Name)
 			return nil
 		}
-		_, err := d.CreateVolume(volume.CreateOptions{
+		_, err := d.createVolume(volume.CreateOptions{
 			Name: cv.Name, Size: int64(cv.Size), Cache: backendMode(cv.Cache), Rotational: cv.Rotational,
 			ReadOnly: cv.ReadOnly, Description: cv.Description, LogicalBlockSize: cv.BlockSize,
 		})
@@ -302,7 +296,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 	}
 	switch {
 	case int64(cv.Size) > m.Size:
-		if _, err := d.ResizeVolume(cv.Name, int64(cv.Size), false); err != nil {
+		if _, err := d.resizeVolume(cv.Name, int64(cv.Size), false); err != nil {
 			return err
 		}
 	case int64(cv.Size) < m.Size:
@@ -330,7 +324,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 	}
 	// UpdateVolume reopens the volume with the new settings when it is
 	// idle, and opens and exports one that is not open.
-	if _, err := d.UpdateVolume(cv.Name, s); err != nil {
+	if _, err := d.updateVolume(cv.Name, s); err != nil {
 		if errors.Is(err, volume.ErrInUse) {
 			d.log.Warn("volume settings changed but clients hold the volume; they apply once it is idle and the daemon is reloaded, or at restart", "volume", cv.Name)
 			return nil

@@ -10,6 +10,8 @@ import (
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/export"
+	"github.com/vmsan/vmsan/internal/host"
+	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/scsi"
 )
@@ -23,7 +25,7 @@ type gatePlugin struct {
 	act  *fakeActuator
 }
 
-func (p *gatePlugin) Start(d *Daemon, _ func(string) (export.Device, error)) error {
+func (p *gatePlugin) Start(d host.Host, _ func(string) (export.Device, error)) error {
 	return d.Roles().Register(config.DefaultVolumeName, p.act)
 }
 func (p *gatePlugin) WrapDevice(_ string, dev export.Device) export.Device {
@@ -71,7 +73,7 @@ func (f *fakeActuator) Demote(bool) error  { return f.set(RoleSecondary) }
 
 // TestRoleChangeDrainTimeoutALUA: the role controller as the daemon wires
 // it, with a WRITE admitted as primary stuck at the device. A plain demote
-// waits (Daemon.DrainVolume -> the per-volume target's WaitAdmitted), is
+// waits (the daemon's drainVolume -> the per-volume target's WaitAdmitted), is
 // refused with "role unchanged", and the groups are back to the primary's
 // states without the replica being asked; a forced demote goes ahead after
 // the wait with a warning, and the groups become standby.
@@ -93,13 +95,13 @@ func TestRoleChangeDrainTimeoutALUA(t *testing.T) {
 		o.RoleDrainTimeout = 200 * time.Millisecond
 		o.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
-	var fe *iscsiFrontEnd
+	var fe *iscsifront.FrontEnd
 	for _, f := range r.d.frontEnds {
-		if x, ok := f.(*iscsiFrontEnd); ok {
+		if x, ok := f.(*iscsifront.FrontEnd); ok {
 			fe = x
 		}
 	}
-	tg := fe.targets()[0].LUs.(*scsi.Target)
+	tg := fe.Targets()[0].LUs.(*scsi.Target)
 	n := &scsi.Nexus{InitiatorName: "iqn.x:i", InitiatorPort: "iqn.x:i,i,0x1", RelativePort: 1, PortGroup: 1}
 	drainUA(t, tg, n)
 	states := func(what string, own, peer string) {
@@ -123,7 +125,7 @@ func TestRoleChangeDrainTimeoutALUA(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	got, err := r.d.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, By: "test"})
+	got, err := pluginHost{r.d}.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, By: "test"})
 	if err == nil || !strings.Contains(err.Error(), "demote refused, role unchanged") || got != RolePrimary {
 		t.Fatalf("plain demote with a write still running: %v %v", got, err)
 	}
@@ -135,7 +137,7 @@ func TestRoleChangeDrainTimeoutALUA(t *testing.T) {
 		t.Fatalf("the front ends were not told changing and back:\n%s", l)
 	}
 
-	got, err = r.d.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, Force: true, By: "test"})
+	got, err = pluginHost{r.d}.Roles().Change(ctx, role.Request{Volume: config.DefaultVolumeName, Op: role.Demote, Force: true, By: "test"})
 	if err != nil || got != RoleSecondary || p.act.Role() != RoleSecondary {
 		t.Fatalf("forced demote: %v %v", got, err)
 	}

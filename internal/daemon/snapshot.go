@@ -3,12 +3,11 @@ package daemon
 import (
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/vmsan/vmsan/internal/backend"
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -36,65 +35,10 @@ import (
 // and are not in the volume map, so the default export and the volume
 // list are unchanged by them.
 
-// SnapshotInfo is a snapshot as the control API reports it.
-type SnapshotInfo struct {
-	volume.SnapMeta
-	Path      string `json:"path"`
-	Allocated int64  `json:"allocated"`
-	// Exports counts connected clients of the read-only export VOL@SNAP.
-	Exports int64 `json:"exports"`
-}
-
-// SnapshotRequest is the body of POST /v1/volumes/{name}/snapshots.
-type SnapshotRequest struct {
-	Name string `json:"name"`
-	Copy bool   `json:"copy,omitempty"`
-	// Temporary: the caller deletes it when done (a live export); one
-	// left behind is removed when the daemon next starts.
-	Temporary bool `json:"temporary,omitempty"`
-}
-
-// CloneRequest is the body of POST /v1/clone: Source is "VOL@SNAP" or
-// "VOL", Name the new volume.
-type CloneRequest struct {
-	Source string `json:"source"`
-	Name   string `json:"name"`
-	Copy   bool   `json:"copy,omitempty"`
-}
-
-// RollbackRequest is the body of POST /v1/volumes/{name}/rollback.
-type RollbackRequest struct {
-	Snapshot string `json:"snapshot"`
-	Force    bool   `json:"force,omitempty"`
-	Copy     bool   `json:"copy,omitempty"`
-}
-
-// ImportRequest is the body of POST /v1/import: a new volume whose raw
-// file is Path, a temporary file in the data directory's volumes/ that the
-// client filled (volume.TempImportPath).
-type ImportRequest struct {
-	CreateRequest
-	Path string `json:"path"`
-}
-
-func init() {
-	codeErrs["no_reflink"] = volume.ErrNoReflink
-	codeErrs["has_snapshots"] = volume.ErrHasSnapshots
-}
-
 // snapExports are the open read-only exports of snapshots.
 type snapExports struct {
 	mu sync.Mutex
 	m  map[string]*volrt.Volume // by "VOL@SNAP"
-}
-
-func (d *Daemon) registerSnapshotRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("GET /v1/snapshots", d.hSnapList)
-	mux.HandleFunc("POST /v1/volumes/{name}/snapshots", d.hSnapCreate)
-	mux.HandleFunc("DELETE /v1/volumes/{name}/snapshots/{snap}", d.hSnapDelete)
-	mux.HandleFunc("POST /v1/clone", d.hClone)
-	mux.HandleFunc("POST /v1/volumes/{name}/rollback", d.hRollback)
-	mux.HandleFunc("POST /v1/import", d.hImport)
 }
 
 // openSnapshot is the registry's Open for "VOL@SNAP" names.
@@ -203,7 +147,7 @@ func (d *Daemon) closeSnapshots() error {
 
 func (d *Daemon) snapInfo(sm volume.SnapMeta) SnapshotInfo {
 	p := d.store.SnapshotPath(sm.Volume, sm.Snapshot)
-	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: allocatedBytes(p), Exports: d.snapRefs(sm.Name)}
+	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: control.AllocatedBytes(p), Exports: d.snapRefs(sm.Name)}
 }
 
 // quiesce holds writes to an open volume and flushes it (see the comment
@@ -221,18 +165,9 @@ func (d *Daemon) quiesce(name string) (func(), error) {
 	return resume, nil
 }
 
-// CreateSnapshot takes the snapshot vol@snap of a volume, quiesced.
-func (d *Daemon) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
-	return d.createSnapshot(vol, snap, volume.CloneOptions{Copy: copyData})
-}
-
-// CreateTemporarySnapshot is CreateSnapshot for a command's scratch
-// snapshot (volume.CloneOptions.Temporary): removed at the next start if
-// the command does not delete it.
-func (d *Daemon) CreateTemporarySnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
-	return d.createSnapshot(vol, snap, volume.CloneOptions{Copy: copyData, Temporary: true})
-}
-
+// createSnapshot takes the snapshot vol@snap of a volume, quiesced; a
+// temporary one (o.Temporary: a command's scratch snapshot) is removed at
+// the next start if the command does not delete it.
 func (d *Daemon) createSnapshot(vol, snap string, o volume.CloneOptions) (SnapshotInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -254,9 +189,9 @@ func (d *Daemon) createSnapshot(vol, snap string, o volume.CloneOptions) (Snapsh
 	return d.snapInfo(sm), nil
 }
 
-// DeleteSnapshot deletes vol@snap; refused while its read-only export has
+// deleteSnapshot deletes vol@snap; refused while its read-only export has
 // clients unless force.
-func (d *Daemon) DeleteSnapshot(vol, snap string, force bool) error {
+func (d *Daemon) deleteSnapshot(vol, snap string, force bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ref := vol + volume.SnapSep + snap
@@ -279,8 +214,8 @@ func (d *Daemon) DeleteSnapshot(vol, snap string, force bool) error {
 	return nil
 }
 
-// ListSnapshots lists vol's snapshots (every volume's when vol is "").
-func (d *Daemon) ListSnapshots(vol string) ([]SnapshotInfo, error) {
+// listSnapshots lists vol's snapshots (every volume's when vol is "").
+func (d *Daemon) listSnapshots(vol string) ([]SnapshotInfo, error) {
 	l, err := d.store.ListSnapshots(vol)
 	out := make([]SnapshotInfo, 0, len(l))
 	for _, sm := range l {
@@ -289,9 +224,9 @@ func (d *Daemon) ListSnapshots(vol string) ([]SnapshotInfo, error) {
 	return out, err
 }
 
-// Clone creates volume name from src ("VOL@SNAP", or "VOL" quiesced) and
+// clone creates volume name from src ("VOL@SNAP", or "VOL" quiesced) and
 // exports it.
-func (d *Daemon) Clone(src, name string, copyData bool) (VolumeInfo, error) {
+func (d *Daemon) clone(src, name string, copyData bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	vol, _, isSnap, err := volume.SplitRef(src)
@@ -328,28 +263,16 @@ func (d *Daemon) exportNewLocked(m volume.Meta) error {
 	return nil
 }
 
-// replicatedErr reports (through the replication resize check, which
-// refuses exactly the replicated volumes) why vol's contents must not be
-// replaced behind replication's back.
-func replicatedErr(checks []ResizeCheck, dataDir, vol string) error {
-	if err := checkResize(checks, dataDir, vol, 0); err != nil && errors.Is(err, ErrReplicated) {
-		return fmt.Errorf("volume %s: rollback %w: it would rewrite this copy behind replication's back, and the peer would keep "+
-			"(and resync back) the data being rolled away; take the volume out of replication on both nodes first, "+
-			"roll back, then set replication up again so the peer resyncs in full from this node", vol, ErrReplicated)
-	}
-	return nil
-}
-
-// Rollback makes vol's contents those of vol@snap, in place. Refused while
+// rollback makes vol's contents those of vol@snap, in place. Refused while
 // clients are connected unless force (they then see the contents change
 // under them, like a disk swapped), and for a replicated volume.
-func (d *Daemon) Rollback(vol, snap string, force, copyData bool) (VolumeInfo, error) {
+func (d *Daemon) rollback(vol, snap string, force, copyData bool) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, err := d.store.Get(vol); err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := replicatedErr(d.opts.Hooks.Resize, d.cfg.DataDir, vol); err != nil {
+	if err := control.ReplicatedErr(d.opts.Hooks.Resize, d.cfg.DataDir, vol); err != nil {
 		return VolumeInfo{}, err
 	}
 	if d.volumeClients(vol) > 0 && !force {
@@ -368,9 +291,9 @@ func (d *Daemon) Rollback(vol, snap string, force, copyData bool) (VolumeInfo, e
 	return d.info(m), nil
 }
 
-// ImportVolume creates a volume from a file the client filled (see
+// importVolume creates a volume from a file the client filled (see
 // ImportRequest) and exports it.
-func (d *Daemon) ImportVolume(o volume.CreateOptions, path string) (VolumeInfo, error) {
+func (d *Daemon) importVolume(o volume.CreateOptions, path string) (VolumeInfo, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m, err := d.store.CreateFromFile(o, path)
@@ -382,93 +305,4 @@ func (d *Daemon) ImportVolume(o volume.CreateOptions, path string) (VolumeInfo, 
 	}
 	d.log.Info("volume imported", "volume", m.Name, "size", m.Size)
 	return d.info(m), nil
-}
-
-func (d *Daemon) hSnapList(w http.ResponseWriter, r *http.Request) {
-	l, err := d.ListSnapshots(r.URL.Query().Get("volume"))
-	if err != nil && len(l) == 0 {
-		writeErr(w, err)
-		return
-	}
-	if err != nil {
-		d.log.Warn("some snapshots are unreadable", "err", err)
-	}
-	writeJSON(w, http.StatusOK, l)
-}
-
-func (d *Daemon) hSnapCreate(w http.ResponseWriter, r *http.Request) {
-	var req SnapshotRequest
-	if err := readJSON(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	si, err := d.createSnapshot(r.PathValue("name"), req.Name, volume.CloneOptions{Copy: req.Copy, Temporary: req.Temporary})
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, si)
-}
-
-func (d *Daemon) hSnapDelete(w http.ResponseWriter, r *http.Request) {
-	force := false
-	if f := r.URL.Query().Get("force"); f != "" {
-		var err error
-		if force, err = strconv.ParseBool(f); err != nil {
-			writeErr(w, &APIError{Code: "bad_request", Message: fmt.Sprintf("force=%q: want true or false", f)})
-			return
-		}
-	}
-	if err := d.DeleteSnapshot(r.PathValue("name"), r.PathValue("snap"), force); err != nil {
-		writeErr(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (d *Daemon) hClone(w http.ResponseWriter, r *http.Request) {
-	var req CloneRequest
-	if err := readJSON(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	vi, err := d.Clone(req.Source, req.Name, req.Copy)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, vi)
-}
-
-func (d *Daemon) hRollback(w http.ResponseWriter, r *http.Request) {
-	var req RollbackRequest
-	if err := readJSON(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	vi, err := d.Rollback(r.PathValue("name"), req.Snapshot, req.Force, req.Copy)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, vi)
-}
-
-func (d *Daemon) hImport(w http.ResponseWriter, r *http.Request) {
-	var req ImportRequest
-	if err := readJSON(r, &req); err != nil {
-		writeErr(w, err)
-		return
-	}
-	o, err := req.Options()
-	if err != nil {
-		writeErr(w, fmt.Errorf("%w: %v", volume.ErrBadSize, err))
-		return
-	}
-	vi, err := d.ImportVolume(o, req.Path)
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	writeJSON(w, http.StatusCreated, vi)
 }

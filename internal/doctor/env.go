@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/backend"
-	"github.com/vmsan/vmsan/internal/repl/driver"
+	"github.com/vmsan/vmsan/internal/replset"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -120,15 +120,21 @@ func (e *env) loadVolumes() {
 }
 
 // loadRepl reads every volume's replication settings (config.json in
-// driver.Dir, or in the old <data_dir>/repl/<volume> that the next
-// `vmsan serve` moves there; driver.DecodeSettings reads both the
-// duration and the older tick layout), with the settings' defaults.
+// repl/ of the volume's state directory, or in the old
+// <data_dir>/repl/<volume> that the next `vmsan serve` moves there;
+// replset.DecodeStored reads both the duration and the older tick
+// layout), with the settings' defaults. Doctor reads the files the
+// replication driver writes and imports no driver.
 func (e *env) loadRepl() {
 	type found struct{ vol, path string }
 	var names []found
 	seen := map[string]bool{}
 	for _, v := range volume.StateVolumes(e.dir, filepath.Join("repl", "config.json")) {
-		names = append(names, found{v, filepath.Join(driver.Dir(e.dir, v), "config.json")})
+		sd, err := volume.StatePath(e.dir, v)
+		if err != nil {
+			continue // StateVolumes lists only valid names
+		}
+		names = append(names, found{v, filepath.Join(sd, "repl", "config.json")})
 		seen[v] = true
 	}
 	old, _ := filepath.Glob(filepath.Join(e.dir, "repl", "*", "config.json"))
@@ -141,9 +147,9 @@ func (e *env) loadRepl() {
 	for _, f := range names {
 		p := f.path
 		b, err := readFile(p)
-		var s driver.Settings
+		var s replset.Settings
 		if err == nil {
-			s, err = driver.DecodeSettings(b)
+			s, err = replset.DecodeStored(b)
 		}
 		if err != nil {
 			e.volErrs = append(e.volErrs, fmt.Sprintf("replication settings of %s: %v", f.vol, err))

@@ -21,6 +21,7 @@
 package replset
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -412,4 +413,54 @@ func (s Settings) Ticks() Ticks {
 		t.ResyncMinRate = perTick(s.ResyncMinRate)
 	}
 	return t
+}
+
+// DecodeStored decodes a replicated volume's stored settings (config.json
+// in its replication directory), either layout: durations, or the older
+// one in ticks of tick_ms, read as the same times. It does not validate
+// (the replication driver does when it loads them; doctor reports what it
+// finds).
+func DecodeStored(b []byte) (Settings, error) {
+	var s Settings
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return s, err
+	}
+	legacy := false
+	for _, k := range []string{"tick_ms", "ko_ticks", "al_retire_ticks", "ping_interval", "ping_timeout"} {
+		if v, ok := keys[k]; ok && (k == "tick_ms" || k == "ko_ticks" || k == "al_retire_ticks" || (len(v) > 0 && v[0] != '"')) {
+			legacy = true
+		}
+	}
+	if !legacy {
+		err := json.Unmarshal(b, &s)
+		return s, err
+	}
+	// The layout before durations: times in ticks of tick_ms (100 by
+	// default), zero meaning the default.
+	var old struct {
+		Settings
+		TickMillis    int `json:"tick_ms"`
+		PingInterval  int `json:"ping_interval"`
+		PingTimeout   int `json:"ping_timeout"`
+		KoTicks       int `json:"ko_ticks"`
+		ALRetireTicks int `json:"al_retire_ticks"`
+	}
+	if err := json.Unmarshal(b, &old); err != nil {
+		return s, err
+	}
+	s = old.Settings
+	tick := 100 * time.Millisecond
+	if old.TickMillis > 0 {
+		tick = time.Duration(old.TickMillis) * time.Millisecond
+	}
+	s.Tick = Duration(tick) // the tick it ran with, not a derived one
+	d := func(n int) Duration {
+		if n <= 0 {
+			return 0
+		}
+		return Duration(time.Duration(n) * tick)
+	}
+	s.PingInterval, s.PingTimeout, s.KoTimeout, s.ALRetire = d(old.PingInterval), d(old.PingTimeout), d(old.KoTicks), d(old.ALRetireTicks)
+	return s, nil
 }

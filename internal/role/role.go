@@ -169,7 +169,7 @@ type Subscriber func(Event)
 type Options struct {
 	// Drain waits (bounded by timeout) until every command front ends
 	// admitted for the volume before Transitioning was published has
-	// completed (daemon: Daemon.DrainVolume). nil: nothing to drain.
+	// completed (daemon: the daemon's drainVolume). nil: nothing to drain.
 	Drain func(volume string, timeout time.Duration) error
 	// DrainTimeout bounds Drain (default 10 s).
 	DrainTimeout time.Duration

@@ -16,6 +16,7 @@ import (
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/httpjson"
+	"github.com/vmsan/vmsan/internal/host"
 	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/repl"
 	"github.com/vmsan/vmsan/internal/role"
@@ -43,9 +44,9 @@ import (
 // replicated or not.
 //
 // `vmsan status` gains a "replication" section, and /metrics the
-// vmsan_repl_* series (Daemon.SetReplicaMetrics).
+// vmsan_repl_* series (host.Host.SetReplicaMetrics).
 type Plugin struct {
-	d       *daemon.Daemon                      // set by Start
+	d       host.Host                           // set by Start
 	open    func(string) (export.Device, error) // set by Start
 	dataDir string
 	log     *slog.Logger
@@ -102,7 +103,7 @@ func NewPlugin(cfg config.Config, log *slog.Logger) (daemon.Plugin, error) {
 }
 
 // Start opens every configured replica.
-func (p *Plugin) Start(d *daemon.Daemon, open func(string) (export.Device, error)) error {
+func (p *Plugin) Start(d host.Host, open func(string) (export.Device, error)) error {
 	p.d = d
 	p.open = open
 	for _, name := range volume.StateVolumes(p.dataDir, settingsRel) {

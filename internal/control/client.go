@@ -1,4 +1,4 @@
-package daemon
+package control
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -30,24 +31,18 @@ type Client struct {
 // ErrNoDaemon when no daemon answers on the control socket (no socket file,
 // or a stale one from a killed daemon).
 func Dial(dataDir string) (*Client, error) {
-	p := filepath.Join(dataDir, ControlSocketName)
+	p := filepath.Join(dataDir, SocketName)
 	if !volume.DataDirExists(dataDir) {
 		// Say what is really wrong (a typo'd --data-dir, most likely).
 		return nil, fmt.Errorf("%w: %w", ErrNoDaemon, volume.NoDataDirError(dataDir))
 	}
-	c, err := dialUnix("unix", p, func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, 2*time.Second) })
+	c, err := netutil.DialUnix("unix", p, func(n, a string) (net.Conn, error) { return net.DialTimeout(n, a, 2*time.Second) })
 	if err != nil {
 		return nil, fmt.Errorf("%w (%v)", ErrNoDaemon, err)
 	}
 	c.Close()
 	return NewClient(p), nil
 }
-
-// ErrDaemonStopped means the daemon went away during a call: its control
-// socket refused the connection, or closed it before the reply. The
-// request may or may not have been carried out (a caller that must know
-// looks, as volume import does).
-var ErrDaemonStopped = errors.New("the daemon stopped")
 
 // daemonGone reports whether a transport error means the daemon is no
 // longer there (not a timeout of a slow one).
@@ -60,16 +55,13 @@ func daemonGone(err error) bool {
 	return false
 }
 
-// ErrNoDaemon means no daemon is listening on the control socket.
-var ErrNoDaemon = errors.New("no vmsan daemon is running on this data directory")
-
 // NewClient returns a client for the control socket at path (no connection
 // is made until the first call).
 func NewClient(path string) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
-			return dialUnix("unix", path, func(n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) })
+			return netutil.DialUnix("unix", path, func(n, a string) (net.Conn, error) { return d.DialContext(ctx, n, a) })
 		},
 		MaxIdleConns: 2,
 	}
@@ -212,11 +204,11 @@ func OpenVolumeOps(dataDir string, hooks ...VolumeHooks) (ops VolumeOps, viaDaem
 	s, err := volume.Open(dataDir)
 	if err != nil {
 		if errors.Is(err, volume.ErrLocked) {
-			return nil, false, fmt.Errorf("%w, but its control socket %s does not answer", err, filepath.Join(dataDir, ControlSocketName))
+			return nil, false, fmt.Errorf("%w, but its control socket %s does not answer", err, filepath.Join(dataDir, SocketName))
 		}
 		return nil, false, err
 	}
-	return directOps{s, mergeHooks(hooks)}, false, nil
+	return directOps{s, MergeHooks(hooks)}, false, nil
 }
 
 // directOps works on the store with no daemon. Nothing is exported then, so
@@ -227,7 +219,7 @@ type directOps struct {
 }
 
 func (o directOps) vi(m volume.Meta) VolumeInfo {
-	vi := VolumeInfo{Meta: m, Path: o.s.RawPath(m.Name), Allocated: allocatedBytes(o.s.RawPath(m.Name))}
+	vi := VolumeInfo{Meta: m, Path: o.s.RawPath(m.Name), Allocated: AllocatedBytes(o.s.RawPath(m.Name))}
 	if m.Name != "" {
 		if err := o.s.CheckRaw(m.Name); err != nil {
 			vi.Problem = err.Error()
@@ -256,7 +248,7 @@ func (o directOps) Info(name string) (VolumeInfo, error) {
 }
 
 func (o directOps) Resize(name string, size int64, force bool) (VolumeInfo, error) {
-	if err := checkResize(o.hooks.Resize, o.s.Dir(), name, size); err != nil {
+	if err := CheckResize(o.hooks.Resize, o.s.Dir(), name, size); err != nil {
 		return VolumeInfo{}, err
 	}
 	m, err := o.s.Resize(name, size, force)
@@ -264,7 +256,7 @@ func (o directOps) Resize(name string, size int64, force bool) (VolumeInfo, erro
 }
 
 func (o directOps) Update(name string, s Settings) (VolumeInfo, error) {
-	m, err := o.s.Update(name, s.apply)
+	m, err := o.s.Update(name, s.Apply)
 	return o.vi(m), err
 }
 
@@ -272,10 +264,40 @@ func (o directOps) Delete(name string, force bool) error {
 	if _, err := o.s.Get(name); err != nil {
 		return err
 	}
-	if err := checkDelete(o.hooks.Delete, o.s.Dir(), name, force); err != nil {
+	if err := CheckDelete(o.hooks.Delete, o.s.Dir(), name, force); err != nil {
 		return err
 	}
 	return o.s.Delete(name, force)
 }
 
 func (o directOps) Close() error { return o.s.Close() }
+
+// Events opens the event stream (control: GET /v1/events); the caller reads lines
+// until EOF or ctx is done, and closes the body.
+func (c *Client) Events(ctx context.Context, now, asJSON bool) (io.ReadCloser, error) {
+	q := url.Values{}
+	q.Set("now", strconv.FormatBool(now))
+	if asJSON {
+		q.Set("format", "json")
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://vmsan/v1/events?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	// The stream has no end: the client's overall timeout must not apply.
+	hc := &http.Client{Transport: c.hc.Transport}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("control socket %s: %w", c.path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxReplyBytes))
+		ae := &APIError{}
+		if json.Unmarshal(b, ae) != nil || ae.Message == "" {
+			ae = &APIError{Code: "http", Message: fmt.Sprintf("GET /v1/events: %s", resp.Status)}
+		}
+		return nil, ae
+	}
+	return resp.Body, nil
+}

@@ -1,4 +1,4 @@
-package daemon
+package control
 
 import (
 	"net/url"
@@ -88,7 +88,7 @@ func (c *Client) ImportVolume(o volume.CreateOptions, path string) (VolumeInfo, 
 
 func (o directOps) snapInfo(sm volume.SnapMeta) SnapshotInfo {
 	p := o.s.SnapshotPath(sm.Volume, sm.Snapshot)
-	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: allocatedBytes(p)}
+	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: AllocatedBytes(p)}
 }
 
 func (o directOps) CreateSnapshot(vol, snap string, copyData bool) (SnapshotInfo, error) {
@@ -132,7 +132,7 @@ func (o directOps) Rollback(vol, snap string, force, copyData bool) (VolumeInfo,
 	if _, err := o.s.Get(vol); err != nil {
 		return VolumeInfo{}, err
 	}
-	if err := replicatedErr(o.hooks.Resize, o.s.Dir(), vol); err != nil {
+	if err := ReplicatedErr(o.hooks.Resize, o.s.Dir(), vol); err != nil {
 		return VolumeInfo{}, err
 	}
 	m, err := o.s.Rollback(vol, snap, volume.CloneOptions{Copy: copyData})

@@ -1,4 +1,4 @@
-package daemon
+package control
 
 import (
 	"github.com/vmsan/vmsan/internal/ioengine"
@@ -27,7 +27,8 @@ type EngineStats struct {
 	Raw           ioengine.Stats `json:"raw"`
 }
 
-func engineStats(s ioengine.Stats) EngineStats {
+// EngineStatsOf derives the API figures from an engine snapshot.
+func EngineStatsOf(s ioengine.Stats) EngineStats {
 	return EngineStats{
 		Requests:       s.Requests.Total(),
 		BackendOps:     s.BackendOps.Total(),

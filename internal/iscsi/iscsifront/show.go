@@ -1,10 +1,9 @@
-package daemon
+package iscsifront
 
 import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -15,46 +14,46 @@ import (
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
-// ISCSIInfo is `vmsan iscsi show`: the iSCSI front end's configuration in
+// Info is `vmsan iscsi show`: the iSCSI front end's configuration in
 // force and its sessions (GET /v1/iscsi). No secret is included.
-type ISCSIInfo struct {
+type Info struct {
 	Enabled bool   `json:"enabled"`
 	Mode    string `json:"mode,omitempty"`
 	IQN     string `json:"iqn,omitempty"`
 	// Portals are this node's listeners; PeerPortals the other node's of a
 	// replicated pair (iscsi.peer_portals).
-	Portals      []ISCSIPortalInfo `json:"portals,omitempty"`
-	PeerPortals  []ISCSIPortalInfo `json:"peer_portals,omitempty"`
-	PortalGroups []ISCSIGroupInfo  `json:"portal_groups,omitempty"`
+	Portals      []PortalInfo `json:"portals,omitempty"`
+	PeerPortals  []PortalInfo `json:"peer_portals,omitempty"`
+	PortalGroups []GroupInfo  `json:"portal_groups,omitempty"`
 	// DiscoveryCHAPUser is the user discovery sessions must prove ("":
 	// discovery without CHAP).
 	DiscoveryCHAPUser   string               `json:"discovery_chap_user,omitempty"`
 	AllowAny            bool                 `json:"allow_any"`
 	DropRevokedSessions bool                 `json:"drop_revoked_sessions"`
-	Targets             []ISCSITargetInfo    `json:"targets,omitempty"`
+	Targets             []TargetInfo         `json:"targets,omitempty"`
 	Sessions            []target.SessionInfo `json:"sessions"`
 }
 
-// ISCSIPortalInfo is one portal.
-type ISCSIPortalInfo struct {
+// PortalInfo is one portal.
+type PortalInfo struct {
 	Addr         string `json:"addr"`
 	PortalGroup  uint16 `json:"portal_group"`
 	RelativePort uint16 `json:"relative_port"`
 }
 
-// ISCSIGroupInfo is one target portal group: its tag and portals.
-type ISCSIGroupInfo struct {
+// GroupInfo is one target portal group: its tag and portals.
+type GroupInfo struct {
 	Tag     uint16   `json:"tag"`
 	Peer    bool     `json:"peer,omitempty"` // the other node's group
 	Portals []string `json:"portals"`
 }
 
-// ISCSITargetInfo is one target: LUNs, ACL, CHAP user names and what the
+// TargetInfo is one target: LUNs, ACL, CHAP user names and what the
 // access policy makes of them.
-type ISCSITargetInfo struct {
-	Name  string         `json:"name"`
-	Alias string         `json:"alias,omitempty"`
-	LUNs  []ISCSILUNInfo `json:"luns"`
+type TargetInfo struct {
+	Name  string    `json:"name"`
+	Alias string    `json:"alias,omitempty"`
+	LUNs  []LUNInfo `json:"luns"`
 	// Access: "acl", "chap", "acl+chap", "any" (allow_any) or "refused"
 	// (no ACL, no CHAP, allow_any off: every login is refused).
 	Access         string   `json:"access"`
@@ -64,42 +63,41 @@ type ISCSITargetInfo struct {
 	Sessions       int      `json:"sessions"`
 }
 
-// ISCSILUNInfo maps a LUN to its volume.
-type ISCSILUNInfo struct {
+// LUNInfo maps a LUN to its volume.
+type LUNInfo struct {
 	LUN    uint64 `json:"lun"`
 	Volume string `json:"volume"`
 }
 
-// ISCSIShow describes the iSCSI front end (Enabled false when it is off).
-func (d *Daemon) ISCSIShow() ISCSIInfo {
-	f := d.iscsiFrontEnd()
-	if f == nil {
-		return ISCSIInfo{Sessions: []target.SessionInfo{}}
-	}
+// Off is what `vmsan iscsi show` reports when the front end is off.
+func Off() Info { return Info{Sessions: []target.SessionInfo{}} }
+
+// Show describes the front end's configuration in force and its sessions.
+func (f *FrontEnd) Show() Info {
 	pol := f.pol.Load()
-	in := ISCSIInfo{Enabled: true, Mode: f.cfg.ModeOrDefault(), IQN: f.iqn, AllowAny: pol.allowAny,
+	in := Info{Enabled: true, Mode: f.cfg.ModeOrDefault(), IQN: f.iqn, AllowAny: pol.allowAny,
 		DropRevokedSessions: pol.dropRevoked, Sessions: f.srv.Sessions()}
 	if pol.discovery != nil {
 		in.DiscoveryCHAPUser = pol.discovery.User
 	}
-	groups := map[uint16]*ISCSIGroupInfo{}
+	groups := map[uint16]*GroupInfo{}
 	var order []uint16
 	group := func(tag uint16, peer bool, addr string) {
 		g := groups[tag]
 		if g == nil {
-			g = &ISCSIGroupInfo{Tag: tag, Peer: peer}
+			g = &GroupInfo{Tag: tag, Peer: peer}
 			groups[tag] = g
 			order = append(order, tag)
 		}
 		g.Portals = append(g.Portals, addr)
 	}
 	for i, ln := range f.lns {
-		p := ISCSIPortalInfo{Addr: ln.Addr().String(), PortalGroup: f.tags[i], RelativePort: f.rels[i]}
+		p := PortalInfo{Addr: ln.Addr().String(), PortalGroup: f.tags[i], RelativePort: f.rels[i]}
 		in.Portals = append(in.Portals, p)
 		group(p.PortalGroup, false, p.Addr)
 	}
 	for _, pp := range f.cfg.PeerPortals {
-		p := ISCSIPortalInfo{Addr: pp.Addr, PortalGroup: pp.Tag(), RelativePort: pp.RelativePort}
+		p := PortalInfo{Addr: pp.Addr, PortalGroup: pp.Tag(), RelativePort: pp.RelativePort}
 		in.PeerPortals = append(in.PeerPortals, p)
 		group(p.PortalGroup, true, p.Addr)
 	}
@@ -112,19 +110,19 @@ func (d *Daemon) ISCSIShow() ISCSIInfo {
 			perTarget[s.Target]++
 		}
 	}
-	for _, t := range f.targets() {
-		ti := ISCSITargetInfo{Name: t.Name, Alias: t.Alias, Initiators: t.Initiators, Access: accessOf(t),
-			Sessions: perTarget[t.Name], LUNs: []ISCSILUNInfo{}}
+	for _, t := range f.Targets() {
+		ti := TargetInfo{Name: t.Name, Alias: t.Alias, Initiators: t.Initiators, Access: accessOf(t),
+			Sessions: perTarget[t.Name], LUNs: []LUNInfo{}}
 		if t.Auth != nil {
 			ti.CHAPUser, ti.MutualCHAPUser = t.Auth.User, t.Auth.MutualUser
 		}
 		if in.Mode == config.ISCSIModeNode {
 			for _, l := range f.luns.get() {
-				ti.LUNs = append(ti.LUNs, ISCSILUNInfo{LUN: l.Number, Volume: l.Volume})
+				ti.LUNs = append(ti.LUNs, LUNInfo{LUN: l.Number, Volume: l.Volume})
 			}
 		} else {
 			for _, v := range t.Volumes {
-				ti.LUNs = append(ti.LUNs, ISCSILUNInfo{LUN: 0, Volume: v})
+				ti.LUNs = append(ti.LUNs, LUNInfo{LUN: 0, Volume: v})
 			}
 		}
 		in.Targets = append(in.Targets, ti)
@@ -146,19 +144,8 @@ func accessOf(t target.Target) string {
 	return "refused"
 }
 
-func (d *Daemon) hISCSI(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, d.ISCSIShow())
-}
-
-// ISCSIShow fetches `vmsan iscsi show`'s data.
-func (c *Client) ISCSIShow() (ISCSIInfo, error) {
-	var in ISCSIInfo
-	err := c.Do("GET", "/v1/iscsi", nil, &in)
-	return in, err
-}
-
-// PrintISCSI writes ISCSIInfo as text.
-func PrintISCSI(w io.Writer, in ISCSIInfo) {
+// Print writes Info as text (`vmsan iscsi show`).
+func Print(w io.Writer, in Info) {
 	if !in.Enabled {
 		fmt.Fprintln(w, "iSCSI is off (no iscsi.listen / --iscsi-listen)")
 		return
@@ -197,7 +184,7 @@ func PrintISCSI(w io.Writer, in ISCSIInfo) {
 		if len(t.Initiators) > 0 {
 			fmt.Fprintf(w, "    ACL: %s\n", strings.Join(t.Initiators, " "))
 		}
-		luns := append([]ISCSILUNInfo(nil), t.LUNs...)
+		luns := append([]LUNInfo(nil), t.LUNs...)
 		sort.Slice(luns, func(i, j int) bool { return luns[i].LUN < luns[j].LUN })
 		for _, l := range luns {
 			fmt.Fprintf(w, "    LUN %d -> %s\n", l.LUN, l.Volume)
@@ -234,9 +221,9 @@ func yesNo(b bool) string {
 	return "No"
 }
 
-// printISCSIStats writes the iSCSI front end's counters (status text).
+// PrintStats writes the iSCSI front end's counters (status text).
 // Detail arrives decoded from JSON (map[string]any): re-decode it.
-func printISCSIStats(w io.Writer, fes []volrt.FrontEndStats) {
+func PrintStats(w io.Writer, fes []volrt.FrontEndStats) {
 	for _, fe := range fes {
 		if fe.Name != "iscsi" {
 			continue

@@ -261,12 +261,13 @@ type Config struct {
 	// MaxConnections bounds open NBD connections (0: 1024).
 	MaxConnections int `yaml:"max_connections,omitempty"`
 	// MaxPendingHandshakes bounds NBD connections still in the handshake
-	// (0: 64), at most an eighth of the file descriptor limit; past it a
-	// new connection is closed at once.
-	MaxPendingHandshakes int `yaml:"max_pending_handshakes,omitempty"`
+	// (0: 64), at most an eighth of the file descriptor limit; past it the
+	// oldest is closed. Set as nbd.max_pending_handshakes only (the key
+	// is newer than the nbd: section).
+	MaxPendingHandshakes int `yaml:"-"`
 	// HandshakeTimeout closes an NBD connection that has not completed
-	// its handshake in time (0: 30s).
-	HandshakeTimeout Duration `yaml:"handshake_timeout,omitempty"`
+	// its handshake in time (0: 30s); nbd.handshake_timeout only.
+	HandshakeTimeout Duration `yaml:"-"`
 	Engine           Engine   `yaml:"engine,omitempty"`
 	Volumes          []Volume `yaml:"volumes,omitempty"`
 	// NoDefaultVolume stops the daemon from creating the 10 GiB "default"
@@ -446,10 +447,10 @@ func (c *Config) Validate() error {
 		add("max_connections %d: want 1..1048576 (0: default 1024)", c.MaxConnections)
 	}
 	if c.MaxPendingHandshakes < 0 || c.MaxPendingHandshakes > 65535 {
-		add("max_pending_handshakes %d: want 1..65535 (0: default 64)", c.MaxPendingHandshakes)
+		add("nbd.max_pending_handshakes %d: want 1..65535 (0: default 64)", c.MaxPendingHandshakes)
 	}
 	if c.HandshakeTimeout < 0 {
-		add("handshake_timeout %v: want a positive duration (0: default 30s)", time.Duration(c.HandshakeTimeout))
+		add("nbd.handshake_timeout %v: want a positive duration (0: default 30s)", time.Duration(c.HandshakeTimeout))
 	}
 	validateEngine := func(where string, e Engine) {
 		if e.Workers < 0 || e.Workers > 1024 {

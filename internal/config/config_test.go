@@ -91,8 +91,8 @@ func TestParseErrors(t *testing.T) {
 		{"inflight_budget: 16M\n", "inflight_budget"},
 		{"max_payload: 64M\ninflight_budget: 48M\n", "inflight_budget"},
 		{"max_connections: -1\n", "max_connections"},
-		{"max_pending_handshakes: -1\n", "max_pending_handshakes"},
-		{"handshake_timeout: -1s\n", "handshake_timeout"},
+		{"nbd: {max_pending_handshakes: -1}\n", "nbd.max_pending_handshakes"},
+		{"nbd: {handshake_timeout: -1s}\n", "nbd.handshake_timeout"},
 		{"iscsi: {max_sessions: 70000}\n", "iscsi.max_sessions"},
 		{"metrics_listen: nope\n", "metrics_listen"},
 		{"listen: 5\n", `line 1: "listen" must be a list`},
@@ -176,7 +176,11 @@ func TestDefaultInflightBudget(t *testing.T) {
 	if _, err := Parse([]byte("inflight_budget: 256M\nmax_connections: 10\niscsi: {max_sessions: 5}\n")); err != nil {
 		t.Errorf("valid limits refused: %v", err)
 	}
-	if c, err := Parse([]byte("max_pending_handshakes: 16\nhandshake_timeout: 5s\n")); err != nil || c.MaxPendingHandshakes != 16 || c.HandshakeTimeout != Duration(5*time.Second) {
-		t.Errorf("max_pending_handshakes, handshake_timeout: %+v, %v", c, err)
+	if c, err := Parse([]byte("nbd:\n  max_pending_handshakes: 16\n  handshake_timeout: 5s\n")); err != nil || c.MaxPendingHandshakes != 16 || c.HandshakeTimeout != Duration(5*time.Second) {
+		t.Errorf("nbd.max_pending_handshakes, nbd.handshake_timeout: %+v, %v", c, err)
+	}
+	// Newer than the nbd: section: not read at the top level.
+	if _, err := Parse([]byte("handshake_timeout: 5s\n")); err == nil {
+		t.Error("top-level handshake_timeout accepted; it belongs under nbd:")
 	}
 }

@@ -14,8 +14,10 @@ import (
 //	  tls: {mode: required, cert: server-cert.pem, key: server-key.pem}
 //	  max_payload: 32M
 //	  max_connections: 1024
+//	  max_pending_handshakes: 64
+//	  handshake_timeout: 30s
 //
-// These keys were once at the top level of the file; they are still read
+// The first four keys were once at the top level of the file; they are still read
 // there, and Config.Deprecated names each one found, so that the daemon
 // logs a note at start and `vmsan serve --print-config` shows the new form.
 //
@@ -27,6 +29,9 @@ type NBD struct {
 	TLS            *TLS     `yaml:"tls,omitempty"`
 	MaxPayload     Size     `yaml:"max_payload,omitempty"`
 	MaxConnections int      `yaml:"max_connections,omitempty"`
+	// Newer than the section: read here only.
+	MaxPendingHandshakes int      `yaml:"max_pending_handshakes,omitempty"`
+	HandshakeTimeout     Duration `yaml:"handshake_timeout,omitempty"`
 }
 
 // nbdTopLevelKeys are the NBD keys read at the top level for files
@@ -68,6 +73,12 @@ func (c *Config) foldNBD(top map[string]bool) error {
 	if n.MaxConnections != 0 {
 		c.MaxConnections = n.MaxConnections
 	}
+	if n.MaxPendingHandshakes != 0 {
+		c.MaxPendingHandshakes = n.MaxPendingHandshakes
+	}
+	if n.HandshakeTimeout != 0 {
+		c.HandshakeTimeout = n.HandshakeTimeout
+	}
 	return nil
 }
 
@@ -102,7 +113,8 @@ type plainConfig Config
 // use), not at the top level.
 func (c Config) MarshalYAML() (any, error) {
 	p := plainConfig(c)
-	p.NBD = NBD{Listen: c.Listen, MaxPayload: c.MaxPayload, MaxConnections: c.MaxConnections}
+	p.NBD = NBD{Listen: c.Listen, MaxPayload: c.MaxPayload, MaxConnections: c.MaxConnections,
+		MaxPendingHandshakes: c.MaxPendingHandshakes, HandshakeTimeout: c.HandshakeTimeout}
 	if c.TLS != (TLS{}) {
 		t := c.TLS
 		p.NBD.TLS = &t

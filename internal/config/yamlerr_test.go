@@ -19,7 +19,7 @@ func TestConfigErrorsInFileWords(t *testing.T) {
 		{"engine:\n  workres: 4\n", `vmsan.yaml:2: unknown key "workres" in section "engine" (did you mean "workers"?)`},
 		{"volumes:\n  - name: vm1\n    size: 1G\n    replication:\n      peer: a:1\n      listne: b:2\n",
 			`vmsan.yaml:6: unknown key "listne" in section "volumes.replication" (did you mean "listen"?)`},
-		{"colour: blue\n", `vmsan.yaml:1: unknown key "colour" (valid keys: data_dir, engine, handshake_timeout, inflight_budget, iscsi, listen,`},
+		{"colour: blue\n", `vmsan.yaml:1: unknown key "colour" (valid keys: data_dir, engine, inflight_budget, iscsi, listen,`},
 		{"log_level: info\n\n\n\n\n\nmax_payload: lots\n", `vmsan.yaml:7: "max_payload" must be a size like 32M or 20G, got "lots"`},
 		{"engine: {workers: many}\n", `vmsan.yaml:1: "workers" must be a whole number, got "many"`},
 		{"engine: {gather_delay: soon}\n", `vmsan.yaml:1: "gather_delay" must be a duration like 100us, 5ms or 2s, got "soon"`},

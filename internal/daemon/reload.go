@@ -139,10 +139,10 @@ func (d *Daemon) Reload(next config.Config) error {
 		restart("max_connections", "running", cur.MaxConnections, "configured", next.MaxConnections)
 	}
 	if next.MaxPendingHandshakes != cur.MaxPendingHandshakes {
-		restart("max_pending_handshakes", "running", cur.MaxPendingHandshakes, "configured", next.MaxPendingHandshakes)
+		restart("nbd.max_pending_handshakes", "running", cur.MaxPendingHandshakes, "configured", next.MaxPendingHandshakes)
 	}
 	if next.HandshakeTimeout != cur.HandshakeTimeout {
-		restart("handshake_timeout", "running", time.Duration(cur.HandshakeTimeout), "configured", time.Duration(next.HandshakeTimeout))
+		restart("nbd.handshake_timeout", "running", time.Duration(cur.HandshakeTimeout), "configured", time.Duration(next.HandshakeTimeout))
 	}
 	if next.TLS.Mode != cur.TLS.Mode {
 		restart("tls.mode", "running", cur.TLS.Mode, "configured", next.TLS.Mode)

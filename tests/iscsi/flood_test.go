@@ -196,7 +196,7 @@ func floodNBD(t *testing.T, addr string, n int) (closeAll func()) {
 func TestNBDHandshakeFlood(t *testing.T) {
 	needTools(t, "qemu-io", "nbdinfo")
 	const hsTimeout = 3 * time.Second
-	v := startVmsanNofile(t, t.TempDir(), fmt.Sprintf("handshake_timeout: %v\n", hsTimeout),
+	v := startVmsanNofile(t, t.TempDir(), fmt.Sprintf("nbd:\n  handshake_timeout: %v\n", hsTimeout),
 		fmt.Sprintf("    auth: {user: %s, secret: %q}\n", rawUser, rawSecret), floodNofile)
 	var flood []net.Conn
 	defer func() {

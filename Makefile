@@ -28,7 +28,7 @@ GO        ?= go
 FUZZTIME  ?= 20000x
 TIMEOUT   ?= 25m
 # Packages whose tests exercise concurrency get -race (slower, so not all).
-RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|repl|daemon|volrt|scsi|iscsi/target|iscsi/initiator|role)(/|$$)
+RACE_RE   := /internal/(ioengine|nbd/server|nbd/client|nbd/nbdfront|repl|daemon|volrt|scsi|iscsi/target|iscsi/initiator|iscsi/iscsifront|role|control)(/|$$)
 
 # Debian packages the tests drive (real NBD clients and servers, QEMU,
 # filesystems for the loop-mount tests, certtool for TLS certificates,

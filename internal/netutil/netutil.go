@@ -176,3 +176,12 @@ func Share(def int, limit uint64, div, minimum int) int {
 	}
 	return max(min(def, int(limit/uint64(div))), minimum)
 }
+
+// Addrs are the listeners' addresses, in order.
+func Addrs(lns []net.Listener) []net.Addr {
+	out := make([]net.Addr, len(lns))
+	for i, ln := range lns {
+		out[i] = ln.Addr()
+	}
+	return out
+}

@@ -272,20 +272,14 @@ func waitCond(t *testing.T, what string, d time.Duration, cond func() bool, more
 	}
 }
 
-// TestReplicatedPairISCSI: two replicated nodes (protocol C) present the
-// volume as one logical unit: the same designators on both (scsi_id), the
-// primary serves I/O, the secondary's path is standby (I/O refused with
-// NOT READY, which QEMU reports as an error). After kill -9 of the
-// primary and `vmsan repl promote` on the secondary, the secondary's path
-// serves the data written before the kill. The time from the kill to the
-// first read completed on the promoted node is logged (the target side of
-// a node failover; the initiator's path checker adds its interval). The
-// old primary then restarts as secondary with a standby path.
-func TestReplicatedPairISCSI(t *testing.T) {
-	testutil.NeedTool(t, "qemu-io")
+// startISCSIPair starts two replicated nodes (protocol C, per-volume
+// iSCSI with the same scsi_id, each the other's peer portal group), a
+// primary and b secondary, and waits until they are connected.
+func startISCSIPair(t *testing.T) (a, b *pairNode) {
+	t.Helper()
 	base := testutil.DiskTempDir(t)
-	a := &pairNode{dir: filepath.Join(base, "a"), iscsi: freeLoop(t), nbd: freeLoop(t), repl: freeLoop(t)}
-	b := &pairNode{dir: filepath.Join(base, "b"), iscsi: freeLoop(t), nbd: freeLoop(t), repl: freeLoop(t)}
+	a = &pairNode{dir: filepath.Join(base, "a"), iscsi: freeLoop(t), nbd: freeLoop(t), repl: freeLoop(t)}
+	b = &pairNode{dir: filepath.Join(base, "b"), iscsi: freeLoop(t), nbd: freeLoop(t), repl: freeLoop(t)}
 	conf := func(n, peer *pairNode, role string, tpgt, peerTPGT int) string {
 		n.data = filepath.Join(n.dir, "data")
 		return fmt.Sprintf(`data_dir: %s
@@ -320,6 +314,21 @@ iscsi:
 		rb, cb := b.replStatus(t)
 		return ra == "Primary" && rb == "Secondary" && ca == "Connected" && cb == "Connected"
 	})
+	return a, b
+}
+
+// TestReplicatedPairISCSI: two replicated nodes (protocol C) present the
+// volume as one logical unit: the same designators on both (scsi_id), the
+// primary serves I/O, the secondary's path is standby (I/O refused with
+// NOT READY, which QEMU reports as an error). After kill -9 of the
+// primary and `vmsan repl promote` on the secondary, the secondary's path
+// serves the data written before the kill. The time from the kill to the
+// first read completed on the promoted node is logged (the target side of
+// a node failover; the initiator's path checker adds its interval). The
+// old primary then restarts as secondary with a standby path.
+func TestReplicatedPairISCSI(t *testing.T) {
+	testutil.NeedTool(t, "qemu-io")
+	a, b := startISCSIPair(t)
 
 	qio := func(url string, cmds ...string) (string, error) {
 		args := []string{"-f", "raw"}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -71,43 +70,7 @@ func rtpgStates(ctx context.Context, s *initiator.Session) (map[uint16]byte, err
 // and iscsi-inq show.
 func TestRoleChangeStorm(t *testing.T) {
 	testutil.NeedTool(t, "iscsi-inq")
-	base := testutil.DiskTempDir(t)
-	a := &pairNode{dir: filepath.Join(base, "a"), iscsi: freeLoop(t), nbd: freeLoop(t), repl: freeLoop(t)}
-	b := &pairNode{dir: filepath.Join(base, "b"), iscsi: freeLoop(t), nbd: freeLoop(t), repl: freeLoop(t)}
-	conf := func(n, peer *pairNode, role string, tpgt, peerTPGT int) string {
-		n.data = filepath.Join(n.dir, "data")
-		return fmt.Sprintf(`data_dir: %s
-listen: [%q]
-no_default_volume: true
-volumes:
-  - name: disk
-    size: %d
-    replication:
-      listen: %s
-      peer: %s
-      role: %s
-      protocol: C
-      ping_interval: 100ms
-      ping_timeout: 1s
-      shared_secret: "test-pair-shared-secret-0123"
-iscsi:
-    mode: per-volume
-    node_name: test
-    allow_any: true
-    listen: [{addr: %q, tpgt: %d, relative_port: %d}]
-    peer_portals: [{addr: %q, tpgt: %d, relative_port: %d}]
-    targets: [{volume: disk, scsi_id: %s}]
-`, n.data, n.nbd, volSize, n.repl, peer.repl, role, n.iscsi, tpgt, tpgt, peer.iscsi, peerTPGT, peerTPGT, pairSCSIID)
-	}
-	a.cfg = conf(a, b, "primary", 1, 2)
-	b.cfg = conf(b, a, "secondary", 2, 1)
-	a.start(t)
-	b.start(t)
-	waitCond(t, "replication connected", 60*time.Second, func() bool {
-		ra, ca := a.replStatus(t)
-		rb, cb := b.replStatus(t)
-		return ra == "Primary" && rb == "Secondary" && ca == "Connected" && cb == "Connected"
-	})
+	a, _ := startISCSIPair(t)
 
 	s, lu := dialGo(t, a.iscsi, initiator.Config{InitiatorName: "iqn.2026-11.org.vmsan:storm", TargetName: nodeIQN + ":disk"})
 

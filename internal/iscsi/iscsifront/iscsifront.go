@@ -719,13 +719,7 @@ func (f *FrontEnd) notifyResize(vol string) {
 }
 
 // Addrs are the bound portal addresses in configuration order.
-func (f *FrontEnd) Addrs() []net.Addr {
-	out := make([]net.Addr, len(f.lns))
-	for i, ln := range f.lns {
-		out[i] = ln.Addr()
-	}
-	return out
-}
+func (f *FrontEnd) Addrs() []net.Addr { return netutil.Addrs(f.lns) }
 
 func (f *FrontEnd) Stats() volrt.FrontEndStats {
 	st := f.srv.Stats()

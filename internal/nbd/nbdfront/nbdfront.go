@@ -20,6 +20,7 @@ import (
 	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/nbd/proto"
 	"github.com/vmsan/vmsan/internal/nbd/server"
+	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
@@ -141,13 +142,7 @@ func (f *FrontEnd) Close() {
 }
 
 // Addrs are the bound listener addresses in configuration order.
-func (f *FrontEnd) Addrs() []net.Addr {
-	out := make([]net.Addr, len(f.lns))
-	for i, ln := range f.lns {
-		out[i] = ln.Addr()
-	}
-	return out
-}
+func (f *FrontEnd) Addrs() []net.Addr { return netutil.Addrs(f.lns) }
 
 func (f *FrontEnd) Stats() volrt.FrontEndStats {
 	st := f.srv.Stats()

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vmsan/vmsan/internal/testutil"
 )
 
 // syncBuf is a bytes.Buffer safe to read while a process writes it.
@@ -138,17 +140,64 @@ func TestExportSurvivesDaemonStop(t *testing.T) {
 	tmp := t.TempDir()
 	data := filepath.Join(tmp, "data")
 	randomVolume(t, data, 256<<20)
+	out := filepath.Join(tmp, "out.raw")
+	c, msg, done := exportHeldDaemonStopped(t, data, out)
+	c.Process.Signal(syscall.SIGCONT)
+	<-done
+	if code := c.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("export after the daemon stopped: exit %d\n%s", code, msg.String())
+	}
+	if m, _ := filepath.Glob(filepath.Join(data, "snapshots", "v", "*.json")); len(m) != 0 {
+		t.Fatalf("temporary snapshot left behind: %v\n%s", m, msg.String())
+	}
+	if sha(t, out) != sha(t, filepath.Join(data, "volumes", "v.raw")) {
+		t.Fatal("the export differs from the volume")
+	}
+}
+
+// TestExportCleanupFailureExitsNonZero: as above, but the temporary
+// snapshot cannot be removed (its directory made immutable with chattr
+// +i, which stops root too): the export must not exit 0 as if all were
+// well; it exits non-zero and names the snapshot left behind.
+func TestExportCleanupFailureExitsNonZero(t *testing.T) {
+	testutil.NeedTool(t, "chattr")
+	tmp := testutil.DiskTempDir(t)
+	data := filepath.Join(tmp, "data")
+	randomVolume(t, data, 64<<20)
+	c, msg, done := exportHeldDaemonStopped(t, data, filepath.Join(tmp, "out.raw"))
+	dir := filepath.Join(data, "snapshots", "v")
+	if out, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
+		c.Process.Signal(syscall.SIGCONT)
+		<-done
+		testutil.SkipOrFail(t, "chattr +i on %s (the filesystem must support it): %v %s", dir, err, out)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", dir).Run() })
+	c.Process.Signal(syscall.SIGCONT)
+	<-done
+	if code := c.ProcessState.ExitCode(); code == 0 {
+		t.Fatalf("export exited 0 with its temporary snapshot not removed:\n%s", msg.String())
+	}
+	if !strings.Contains(msg.String(), "v@tmp-export-") {
+		t.Fatalf("the failure does not name the snapshot left behind:\n%s", msg.String())
+	}
+	t.Logf("export: exit %d: %s", c.ProcessState.ExitCode(), msg.String())
+}
+
+// exportHeldDaemonStopped starts a daemon on data and `volume export
+// --copy v out`, stops the export (SIGSTOP) between taking its temporary
+// snapshot and deleting it, and stops the daemon meanwhile; the export is
+// returned stopped. Up to 5 attempts when the export got past its delete
+// before the SIGSTOP.
+func exportHeldDaemonStopped(t *testing.T, data, out string) (*exec.Cmd, *syncBuf, chan struct{}) {
+	t.Helper()
 	snaps := filepath.Join(data, "snapshots", "v", "*.json")
 	for attempt := 1; ; attempt++ {
 		d := startServe(t, data)
-		out := filepath.Join(tmp, "out.raw")
 		os.Remove(out)
 		c, msg, done := cliProc(t, "volume", "export", "--data-dir", data, "--copy", "-q", "v", out)
 		if !waitFor(t, snaps, done) {
 			t.Fatalf("export ended before its temporary snapshot was seen:\n%s", msg.String())
 		}
-		// Hold the export between taking the snapshot and deleting it,
-		// and stop the daemon meanwhile.
 		c.Process.Signal(syscall.SIGSTOP)
 		if m, _ := filepath.Glob(snaps); len(m) == 0 {
 			// It got past the delete before the stop: try again.
@@ -161,18 +210,7 @@ func TestExportSurvivesDaemonStop(t *testing.T) {
 			continue
 		}
 		d.stop(t)
-		c.Process.Signal(syscall.SIGCONT)
-		<-done
-		if code := c.ProcessState.ExitCode(); code != 0 {
-			t.Fatalf("export after the daemon stopped: exit %d\n%s", code, msg.String())
-		}
-		if m, _ := filepath.Glob(snaps); len(m) != 0 {
-			t.Fatalf("temporary snapshot left behind: %v\n%s", m, msg.String())
-		}
-		if sha(t, out) != sha(t, filepath.Join(data, "volumes", "v.raw")) {
-			t.Fatal("the export differs from the volume")
-		}
-		return
+		return c, msg, done
 	}
 }
 

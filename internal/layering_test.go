@@ -55,6 +55,11 @@ var configAllowed = map[string]bool{
 // control.Ops for the control API's handlers.
 var hostPkgs = []string{"internal/host", "internal/frontend", "internal/control"}
 
+// daemonParts are pieces of the daemon's own logic moved out of it, each
+// with one job (TLS reloading, snapshot exports, ...): the daemon builds
+// and calls them, so they import no daemon, no front end and no plugin.
+var daemonParts = []string{"internal/tlsreload", "internal/snapexport"}
+
 // leafPkgs import nothing from the project.
 var leafPkgs = []string{"internal/replset", "internal/alignbuf", "internal/netutil", "internal/vfs", "internal/httpjson"}
 
@@ -180,6 +185,16 @@ func TestLayering(t *testing.T) {
 		for _, d := range g[p].deps {
 			if family(d) != "" || d == "internal/daemon" || strings.HasPrefix(d, "internal/repl/driver") {
 				bad = append(bad, p+" (host seam) imports "+d)
+			}
+		}
+	}
+	for _, p := range daemonParts {
+		if _, ok := g[p]; !ok {
+			bad = append(bad, p+" (daemon part) not found")
+		}
+		for _, d := range g[p].deps {
+			if family(d) != "" || d == "internal/daemon" || d == "internal/repl" || strings.HasPrefix(d, "internal/repl/") {
+				bad = append(bad, p+" (daemon part) imports "+d)
 			}
 		}
 	}

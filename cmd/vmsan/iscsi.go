@@ -126,7 +126,7 @@ FirstBurstLength, ImmediateData, InitialR2T) and commands in flight.`,
 				return err
 			}
 			if asJSON {
-				return daemon.PrintJSON(cmd.OutOrStdout(), in)
+				return PrintJSON(cmd.OutOrStdout(), in)
 			}
 			daemon.PrintISCSI(cmd.OutOrStdout(), in)
 			return nil

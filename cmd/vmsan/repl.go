@@ -309,7 +309,7 @@ func replOp(dataDir, volume, op string, asJSON bool) error {
 		return err
 	}
 	if asJSON {
-		return daemon.PrintJSON(os.Stdout, []driver.Status{st}) // a list, as repl status --json
+		return PrintJSON(os.Stdout, []driver.Status{st}) // a list, as repl status --json
 	}
 	writeReplTable(os.Stdout, []driver.Status{st})
 	return nil
@@ -345,5 +345,5 @@ func printMaskedJSON(v any) error {
 		}
 	}
 	mask(x)
-	return daemon.PrintJSON(os.Stdout, x)
+	return PrintJSON(os.Stdout, x)
 }

@@ -166,7 +166,7 @@ last disconnect reason. --json prints the same as a list of objects
 				}
 			}
 			if asJSON {
-				return daemon.PrintJSON(os.Stdout, st)
+				return PrintJSON(os.Stdout, st)
 			}
 			writeReplBlocks(os.Stdout, st)
 			return nil

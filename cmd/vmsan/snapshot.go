@@ -43,7 +43,7 @@ func snapshotCommands(dataDir *string, asJSON *bool) []*cobra.Command {
 	}
 	show := func(v any, text func()) error {
 		if *asJSON {
-			return daemon.PrintJSON(os.Stdout, v)
+			return PrintJSON(os.Stdout, v)
 		}
 		text()
 		return nil
@@ -101,10 +101,10 @@ UUID and data identity. Reflink on xfs/btrfs; --copy elsewhere.`,
 					return err
 				}
 				if *asJSON {
-					return daemon.PrintJSON(os.Stdout, vi)
+					return PrintJSON(os.Stdout, vi)
 				}
 				fmt.Printf("cloned %s to volume %s\n", args[0], vi.Name)
-				daemon.PrintVolume(os.Stdout, vi)
+				PrintVolume(os.Stdout, vi)
 				return nil
 			})
 		},
@@ -673,7 +673,7 @@ func listSnapshots(dataDir string, asJSON bool, args []string) error {
 		return err
 	}
 	if asJSON {
-		if jerr := daemon.PrintJSON(os.Stdout, l); jerr != nil {
+		if jerr := PrintJSON(os.Stdout, l); jerr != nil {
 			return jerr
 		}
 	} else {
@@ -693,7 +693,7 @@ func deleteSnapshot(dataDir, vol, snap string, force, asJSON bool) error {
 		return err
 	}
 	if asJSON {
-		return daemon.PrintJSON(os.Stdout, deleted{Deleted: vol + volume.SnapSep + snap, Kind: "snapshot"})
+		return PrintJSON(os.Stdout, deleted{Deleted: vol + volume.SnapSep + snap, Kind: "snapshot"})
 	}
 	fmt.Printf("deleted snapshot %s%s%s\n", vol, volume.SnapSep, snap)
 	return nil
@@ -716,9 +716,9 @@ func snapshotInfo(dataDir, vol, snap string, asJSON bool) error {
 			continue
 		}
 		if asJSON {
-			return daemon.PrintJSON(os.Stdout, si)
+			return PrintJSON(os.Stdout, si)
 		}
-		daemon.PrintVolume(os.Stdout, daemon.VolumeInfo{Meta: si.Meta, Path: si.Path, Allocated: si.Allocated, Open: si.Exports > 0, Exports: si.Exports})
+		PrintVolume(os.Stdout, daemon.VolumeInfo{Meta: si.Meta, Path: si.Path, Allocated: si.Allocated, Open: si.Exports > 0, Exports: si.Exports})
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 1, ' ', 0)
 		fmt.Fprintf(tw, "snapshot of:\t%s\n", si.Volume)
 		fmt.Fprintf(tw, "method:\t%s\n", si.Method)

@@ -31,7 +31,7 @@ func newStatusCmd() *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return daemon.PrintJSON(os.Stdout, st)
+				return PrintJSON(os.Stdout, st)
 			}
 			printStatus(os.Stdout, st)
 			return nil
@@ -64,7 +64,7 @@ func printStatus(w io.Writer, st daemon.Status) {
 			ok = false
 		}
 	}
-	daemon.PrintStatus(w, st)
+	PrintStatus(w, st)
 	if ok {
 		fmt.Fprintln(w, "\nreplication:")
 		writeReplTable(w, rs)

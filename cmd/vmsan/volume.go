@@ -47,9 +47,9 @@ func newVolumeCmd() *cobra.Command {
 	}
 	show := func(vi daemon.VolumeInfo) error {
 		if asJSON {
-			return daemon.PrintJSON(os.Stdout, vi)
+			return PrintJSON(os.Stdout, vi)
 		}
-		daemon.PrintVolume(os.Stdout, vi)
+		PrintVolume(os.Stdout, vi)
 		return nil
 	}
 
@@ -109,11 +109,11 @@ func newVolumeCmd() *cobra.Command {
 					return err
 				}
 				if asJSON {
-					if jerr := daemon.PrintJSON(os.Stdout, l); jerr != nil {
+					if jerr := PrintJSON(os.Stdout, l); jerr != nil {
 						return jerr
 					}
 				} else {
-					daemon.PrintVolumeTable(os.Stdout, l)
+					PrintVolumeTable(os.Stdout, l)
 				}
 				return err
 			})
@@ -187,7 +187,7 @@ see docs/volumes.md.`,
 					return err
 				}
 				if asJSON {
-					return daemon.PrintJSON(os.Stdout, deleted{Deleted: args[0], Kind: "volume"})
+					return PrintJSON(os.Stdout, deleted{Deleted: args[0], Kind: "volume"})
 				}
 				fmt.Printf("deleted volume %s\n", args[0])
 				return nil
@@ -281,7 +281,7 @@ the data directory directly, so the daemon must be stopped.`,
 				return err
 			}
 			if asJSON {
-				return daemon.PrintJSON(os.Stdout, m)
+				return PrintJSON(os.Stdout, m)
 			}
 			fmt.Printf("repaired volume %s (%s): %s, new data identity %s\n", m.Name, modes[0], volume.HumanSize(m.Size), m.DataID)
 			return nil

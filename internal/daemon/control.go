@@ -217,7 +217,7 @@ func (d *Daemon) deleteVolume(name string, force bool) error {
 		d.publish(func(mm map[string]*volrt.Volume) { delete(mm, name) })
 		v.MarkGone()
 	}
-	d.snapshotsGone(name) // deleted with it (force; see volume.Store.Delete)
+	d.snaps.DropVolume(name) // deleted with it (force; see volume.Store.Delete)
 	// Plugins let go of the volume (their references keep it open until
 	// then). The store removed the volume's state directory, but a plugin
 	// still running (a replica persisting its generations) may have

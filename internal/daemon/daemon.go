@@ -32,8 +32,8 @@
 //
 // Reload (reload.go; SIGHUP in `vmsan serve` through HandleReloads) applies
 // a new configuration without dropping clients: new volumes, TLS files, log
-// level; what needs a restart is logged. TLS material lives in serverTLS
-// (tls.go) so new handshakes pick up rotated certificates.
+// level; what needs a restart is logged. TLS material lives in tlsreload.Server
+// (internal/tlsreload) so new handshakes pick up rotated certificates.
 //
 // Concurrency: Daemon methods are safe for concurrent use. Control
 // operations that change the set of volumes are serialised by mu; the data
@@ -63,6 +63,8 @@ import (
 	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/role"
+	"github.com/vmsan/vmsan/internal/snapexport"
+	"github.com/vmsan/vmsan/internal/tlsreload"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -102,7 +104,7 @@ type Daemon struct {
 	// budget is the daemon-wide in-flight payload budget every front
 	// end's per-connection budget reserves from (inflight_budget).
 	budget volrt.Budget
-	tls    *serverTLS // nil when TLS is off
+	tls    *tlsreload.Server // nil when TLS is off
 
 	// mu serialises changes to vols, and guards the fields of cfg that
 	// Reload changes (LogLevel, Volumes, TLS file names); the others are
@@ -145,8 +147,9 @@ type Daemon struct {
 	// read-only.
 	frontEnds []FrontEnd
 
-	// snaps are the read-only exports of snapshots (snapshot.go).
-	snaps snapExports
+	// snaps are the read-only exports of snapshots (internal/snapexport):
+	// set in New once the store is open.
+	snaps *snapexport.Exports
 
 	// replMetrics is set by the replication plugin (SetReplicaMetrics).
 	replMetrics atomic.Pointer[replMetricsFn]
@@ -220,8 +223,9 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		}
 	}
 	d.store.SetHooks(volume.Hooks{InUse: d.inUse, Resize: d.resizeHook})
+	d.snaps = snapexport.New(d.store, log, engineConfig(cfg.Engine), uint32(cfg.MaxPayload))
 
-	if d.tls, err = newServerTLS(cfg.TLS); err != nil {
+	if d.tls, err = tlsreload.New(cfg.TLS); err != nil {
 		return nil, err
 	}
 	// Every listener is bound before any volume is created (configured
@@ -623,8 +627,10 @@ func (d *Daemon) closeAll() error {
 	if d.metricsLn != nil {
 		d.metricsLn.Close()
 	}
-	if err := d.closeSnapshots(); err != nil {
-		errs = append(errs, err)
+	if d.snaps != nil {
+		if err := d.snaps.Close(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if p := d.vols.Load(); p != nil {
 		for name, v := range *p {

@@ -17,7 +17,7 @@ import (
 func newNBDFrontEnd(d *Daemon) (FrontEnd, error) {
 	var tlsCfg *tls.Config
 	if d.tls != nil {
-		tlsCfg = d.tls.base() // follows reloads (tls.go)
+		tlsCfg = d.tls.Base() // follows reloads (internal/tlsreload)
 	}
 	c := nbdfront.Config{TLS: tlsCfg, TLSMode: d.cfg.TLS.Mode, ClientCA: d.cfg.TLS.CA != "",
 		MaxPayload: uint32(d.cfg.MaxPayload), MaxConns: d.cfg.MaxConnections,

@@ -49,7 +49,7 @@ func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load f
 // Reload applies next to the running daemon without dropping a client:
 //
 //   - TLS certificate, key and CA files are re-read; handshakes from now on
-//     use them, established connections keep theirs (see serverTLS);
+//     use them, established connections keep theirs (see tlsreload.Server);
 //   - the log level changes (when the daemon made its own logger);
 //   - iSCSI access settings (CHAP users and secrets, secret files re-read,
 //     ACLs, allow_any, drop_revoked_sessions) apply to new logins; open
@@ -102,7 +102,7 @@ func (d *Daemon) Reload(next config.Config) error {
 	// Load TLS first: bad certificate files reject the whole reload.
 	reloadTLS := d.tls != nil && next.TLS.Mode == cur.TLS.Mode
 	if reloadTLS {
-		if err := d.tls.reload(next.TLS); err != nil {
+		if err := d.tls.Reload(next.TLS); err != nil {
 			return err
 		}
 		d.log.Info("TLS certificates reloaded; new connections use them", "cert", next.TLS.Cert, "ca", next.TLS.CA)

@@ -1,14 +1,9 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
-	"strings"
-	"sync"
 
-	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/control"
-	"github.com/vmsan/vmsan/internal/export"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -29,125 +24,12 @@ import (
 // flushed), so the copy is the
 // volume as of one instant with every acknowledged write in it.
 //
-// Snapshots are served read-only under the export name VOL@SNAP: opened
-// on the first connection, kept open until the snapshot is deleted or the
-// daemon stops. They get no plugin wrapping (replication never sees them)
-// and are not in the volume map, so the default export and the volume
-// list are unchanged by them.
-
-// snapExports are the open read-only exports of snapshots.
-type snapExports struct {
-	mu sync.Mutex
-	m  map[string]*volrt.Volume // by "VOL@SNAP"
-}
-
-// openSnapshot is the registry's Open for "VOL@SNAP" names.
-func (d *Daemon) openSnapshot(ref string) (export.Device, error) {
-	vol, snap, isSnap, err := volume.SplitRef(ref)
-	if err != nil || !isSnap {
-		return nil, export.ErrNotFound
-	}
-	d.snaps.mu.Lock()
-	defer d.snaps.mu.Unlock()
-	if v := d.snaps.m[ref]; v != nil {
-		return v.Acquire(nil)
-	}
-	sm, err := d.store.GetSnapshot(vol, snap)
-	if err != nil {
-		return nil, export.ErrNotFound
-	}
-	be, err := backend.OpenFile(d.store.SnapshotPath(vol, snap), sm.Cache, true)
-	if err != nil {
-		d.log.Error("cannot open snapshot for export", "snapshot", ref, "err", err)
-		return nil, export.ErrNotFound
-	}
-	if be.Size() != sm.Size {
-		be.Close()
-		d.log.Error("snapshot raw file does not match its metadata; not exporting it", "snapshot", ref, "size", be.Size(), "metadata_size", sm.Size)
-		return nil, export.ErrNotFound
-	}
-	v := volrt.New(sm.Meta, be, engineConfig(d.cfg.Engine), uint32(d.cfg.MaxPayload))
-	if d.snaps.m == nil {
-		d.snaps.m = map[string]*volrt.Volume{}
-	}
-	d.snaps.m[ref] = v
-	d.log.Info("snapshot exported read-only", "snapshot", ref)
-	return v.Acquire(nil)
-}
-
-// snapshotExports lists the snapshots as exports (NBD_OPT_LIST), from
-// their metadata: listing does not open them.
-func (d *Daemon) snapshotExports() []export.Info {
-	l, _ := d.store.ListSnapshots("")
-	out := make([]export.Info, 0, len(l))
-	for _, sm := range l {
-		desc := sm.Description
-		if desc == "" {
-			desc = "snapshot of " + sm.Volume
-		}
-		out = append(out, export.Info{Name: sm.Name, Description: desc, UUID: sm.UUID, Size: sm.Size,
-			ReadOnly: true, CanMultiConn: true, Cache: sm.Cache})
-	}
-	return out
-}
-
-// snapRefs is the number of clients of a snapshot's export.
-func (d *Daemon) snapRefs(ref string) int64 {
-	d.snaps.mu.Lock()
-	defer d.snaps.mu.Unlock()
-	if v := d.snaps.m[ref]; v != nil {
-		return v.Refs()
-	}
-	return 0
-}
-
-// dropSnapExport ends a snapshot's export (its files are gone): clients
-// get EIO, the engine closes when the last one leaves.
-func (d *Daemon) dropSnapExport(ref string) {
-	d.snaps.mu.Lock()
-	v := d.snaps.m[ref]
-	delete(d.snaps.m, ref)
-	d.snaps.mu.Unlock()
-	if v != nil {
-		v.BeginDelete()
-		v.MarkGone()
-	}
-}
-
-// snapshotsGone drops the exports of every snapshot of vol (a volume
-// deleted with --force takes its snapshots with it).
-func (d *Daemon) snapshotsGone(vol string) {
-	d.snaps.mu.Lock()
-	var refs []string
-	for ref := range d.snaps.m {
-		if v, _, _ := strings.Cut(ref, volume.SnapSep); v == vol {
-			refs = append(refs, ref)
-		}
-	}
-	d.snaps.mu.Unlock()
-	for _, r := range refs {
-		d.dropSnapExport(r)
-	}
-}
-
-// closeSnapshots closes every snapshot export (shutdown, after the front
-// ends drained).
-func (d *Daemon) closeSnapshots() error {
-	d.snaps.mu.Lock()
-	defer d.snaps.mu.Unlock()
-	var errs []error
-	for ref, v := range d.snaps.m {
-		if err := v.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("snapshot %s: close: %w", ref, err))
-		}
-	}
-	d.snaps.m = nil
-	return errors.Join(errs...)
-}
+// Snapshots are served read-only under the export name VOL@SNAP
+// (internal/snapexport).
 
 func (d *Daemon) snapInfo(sm volume.SnapMeta) SnapshotInfo {
 	p := d.store.SnapshotPath(sm.Volume, sm.Snapshot)
-	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: control.AllocatedBytes(p), Exports: d.snapRefs(sm.Name)}
+	return SnapshotInfo{SnapMeta: sm, Path: p, Allocated: control.AllocatedBytes(p), Exports: d.snaps.Refs(sm.Name)}
 }
 
 // quiesce holds writes to an open volume and flushes it (see the comment
@@ -195,21 +77,15 @@ func (d *Daemon) deleteSnapshot(vol, snap string, force bool) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	ref := vol + volume.SnapSep + snap
-	d.snaps.mu.Lock()
-	v := d.snaps.m[ref]
-	if v != nil && v.BeginDelete() && !force {
-		v.AbortDelete()
-		d.snaps.mu.Unlock()
-		return fmt.Errorf("snapshot %s: %w", ref, volume.ErrInUse)
-	}
-	d.snaps.mu.Unlock()
-	if err := d.store.DeleteSnapshot(vol, snap); err != nil {
-		if v != nil {
-			v.AbortDelete()
-		}
+	abort, err := d.snaps.BeginDelete(ref, force)
+	if err != nil {
 		return err
 	}
-	d.dropSnapExport(ref)
+	if err := d.store.DeleteSnapshot(vol, snap); err != nil {
+		abort()
+		return err
+	}
+	d.snaps.Drop(ref)
 	d.log.Info("snapshot deleted", "volume", vol, "snapshot", snap)
 	return nil
 }

@@ -49,7 +49,7 @@ func (r registry) open(name string, wrap bool) (export.Device, error) {
 		name = r.d.defaultExport(vols)
 	}
 	if strings.Contains(name, volume.SnapSep) {
-		return r.d.openSnapshot(name) // VOL@SNAP: read-only, never wrapped
+		return r.d.snaps.Open(name) // VOL@SNAP: read-only, never wrapped
 	}
 	v := vols[name]
 	if v == nil {
@@ -67,7 +67,7 @@ func (r registry) List() []export.Info {
 	for _, v := range vols {
 		out = append(out, v.Info())
 	}
-	out = append(out, r.d.snapshotExports()...) // VOL@SNAP, read-only
+	out = append(out, r.d.snaps.List()...) // VOL@SNAP, read-only
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }

@@ -1,4 +1,7 @@
-package daemon
+package main
+
+// The text and JSON renderings of the control API's answers: the CLI is
+// their only user, so they live with it.
 
 import (
 	"encoding/json"
@@ -7,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/iscsi/iscsifront"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -19,7 +23,7 @@ func PrintJSON(w io.Writer, v any) error {
 }
 
 // PrintVolume writes one volume as "key: value" lines.
-func PrintVolume(w io.Writer, v VolumeInfo) {
+func PrintVolume(w io.Writer, v control.VolumeInfo) {
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintf(tw, "name:\t%s\n", v.Name)
 	fmt.Fprintf(tw, "uuid:\t%s\n", v.UUID)
@@ -44,7 +48,7 @@ func PrintVolume(w io.Writer, v VolumeInfo) {
 }
 
 // PrintVolumeTable writes volumes as a table.
-func PrintVolumeTable(w io.Writer, l []VolumeInfo) {
+func PrintVolumeTable(w io.Writer, l []control.VolumeInfo) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSIZE\tALLOCATED\tCACHE\tFLAGS\tEXPORTS\tUUID")
 	for _, v := range l {
@@ -63,7 +67,7 @@ func PrintVolumeTable(w io.Writer, l []VolumeInfo) {
 }
 
 // PrintStatus writes the daemon status for people.
-func PrintStatus(w io.Writer, s Status) {
+func PrintStatus(w io.Writer, s control.Status) {
 	fmt.Fprintf(w, "vmsan daemon pid %d, data dir %s\n", s.PID, s.DataDir)
 	for _, l := range s.Listeners {
 		fmt.Fprintf(w, "  listening on %s\n", l)
@@ -107,7 +111,7 @@ func usec(us float64) string {
 }
 
 // printNoSpace lists the volumes whose writes failed with ENOSPC.
-func printNoSpace(w io.Writer, vols []VolumeStatus) {
+func printNoSpace(w io.Writer, vols []control.VolumeStatus) {
 	n := 0
 	for _, v := range vols {
 		if v.NoSpace != nil {
@@ -131,7 +135,7 @@ func printNoSpace(w io.Writer, vols []VolumeStatus) {
 
 // printClients lists the connected clients per volume: front end, address
 // and since when (how long ago).
-func printClients(w io.Writer, vols []VolumeStatus) {
+func printClients(w io.Writer, vols []control.VolumeStatus) {
 	n := 0
 	for _, v := range vols {
 		n += len(v.Clients)

@@ -1,4 +1,8 @@
-package daemon
+// Package tlsreload holds a TLS server's material so that it can be
+// reloaded under running listeners: new handshakes get the files loaded
+// last, established connections keep the config their handshake used.
+// The daemon gives Base to the NBD server and calls Reload on SIGHUP.
+package tlsreload
 
 import (
 	"crypto/tls"
@@ -11,17 +15,17 @@ import (
 	"github.com/vmsan/vmsan/internal/config"
 )
 
-// serverTLS is the NBD listeners' TLS material. The *tls.Config the NBD
-// server holds (base) carries only GetConfigForClient, which hands every
+// Server is the NBD listeners' TLS material. The *tls.Config the NBD
+// server holds (Base) carries only GetConfigForClient, which hands every
 // new handshake the config loaded last; Reload swaps that one. An
 // established connection keeps the config its handshake used, so a
 // certificate rotation never touches a connected client.
-type serverTLS struct {
+type Server struct {
 	cur atomic.Pointer[tls.Config]
 }
 
-// newServerTLS loads t; nil, nil when TLS is off.
-func newServerTLS(t config.TLS) (*serverTLS, error) {
+// New loads t; nil, nil when TLS is off.
+func New(t config.TLS) (*Server, error) {
 	if t.Mode == "" || t.Mode == "off" {
 		return nil, nil
 	}
@@ -29,13 +33,13 @@ func newServerTLS(t config.TLS) (*serverTLS, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &serverTLS{}
+	s := &Server{}
 	s.cur.Store(c)
 	return s, nil
 }
 
-// base is the config given to the NBD server.
-func (s *serverTLS) base() *tls.Config {
+// Base is the config given to the NBD server.
+func (s *Server) Base() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
@@ -44,8 +48,8 @@ func (s *serverTLS) base() *tls.Config {
 	}
 }
 
-// reload re-reads the files of t; on error the loaded config stays.
-func (s *serverTLS) reload(t config.TLS) error {
+// Reload re-reads the files of t; on error the loaded config stays.
+func (s *Server) Reload(t config.TLS) error {
 	c, err := loadTLS(t)
 	if err != nil {
 		return err

@@ -263,7 +263,7 @@ func (d *Daemon) status() Status {
 			es := control.EngineStatsOf(v.EngineStats())
 			vs.Engine = &es
 		}
-		vs.NoSpace = d.noSpaceStatus(m.Name)
+		vs.NoSpace = d.noSpace.Status(m.Name)
 		st.Volumes = append(st.Volumes, vs)
 	}
 	d.statusMu.Lock()

@@ -62,6 +62,7 @@ import (
 	"github.com/vmsan/vmsan/internal/frontend"
 	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
 	"github.com/vmsan/vmsan/internal/netutil"
+	"github.com/vmsan/vmsan/internal/nospace"
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/snapexport"
 	"github.com/vmsan/vmsan/internal/tlsreload"
@@ -159,8 +160,9 @@ type Daemon struct {
 	roles   volumeRoles
 	roleCtl *role.Controller
 
-	// noSpace holds the volumes' ENOSPC records (nospace.go).
-	noSpace noSpaceWatch
+	// noSpace holds the volumes' ENOSPC records (internal/nospace): set
+	// in New once the store is open.
+	noSpace *nospace.Watch
 }
 
 // VolumeDeleter is implemented by plugins that hold a volume open or keep
@@ -200,7 +202,6 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
-	d.noSpace.init()
 	d.budget.Init(int64(d.inflightBudget()))
 	defer func() {
 		if err != nil {
@@ -223,6 +224,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		}
 	}
 	d.store.SetHooks(volume.Hooks{InUse: d.inUse, Resize: d.resizeHook})
+	d.noSpace = nospace.New(d.store, log, d.events)
 	d.snaps = snapexport.New(d.store, log, engineConfig(cfg.Engine), uint32(cfg.MaxPayload))
 
 	if d.tls, err = tlsreload.New(cfg.TLS); err != nil {
@@ -402,7 +404,7 @@ func (d *Daemon) openAll() error {
 		}
 		m[meta.Name] = v
 	}
-	d.noSpace.attach(m)
+	d.noSpace.Attach(m)
 	d.vols.Store(&m)
 	return nil
 }
@@ -415,7 +417,7 @@ func (d *Daemon) publish(fn func(m map[string]*volrt.Volume)) {
 		n[k] = v
 	}
 	fn(n)
-	d.noSpace.attach(n)
+	d.noSpace.Attach(n)
 	d.vols.Store(&n)
 }
 
@@ -548,7 +550,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// net/http retries only "temporary" accept errors; the wrapper
 	// retries every error but a close (limits.go).
 	go d.ctlSrv.Serve(netutil.Retry(d.ctlLn, d.log, "control socket"))
-	go d.watchNoSpace(ctx)
+	go d.noSpace.Run(ctx)
 	if d.metrics != nil {
 		go d.metrics.Serve(d.metricsServed)
 	}

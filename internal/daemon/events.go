@@ -61,7 +61,7 @@ func (d *Daemon) eventSnapshot() []events.Event {
 			out = append(out, events.New(events.Exists, events.Client, clientAttrs(c)...))
 		}
 	}
-	out = append(out, d.noSpaceEvents()...)
+	out = append(out, d.noSpace.Events(*d.vols.Load())...)
 	d.statusMu.Lock()
 	srcs := append([]func() []events.Event(nil), d.eventSrc...)
 	d.statusMu.Unlock()

@@ -1,13 +1,18 @@
-package daemon
+// Package nospace reports thin volumes out of space: the ENOSPC records
+// of the daemon's volumes (volrt.NoSpace), the rate-limited WARN line and
+// "no-space" event, and what `vmsan status` and the event snapshot show.
+package nospace
 
 import (
 	"context"
+	"log/slog"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
@@ -30,21 +35,26 @@ import (
 // events) for one volume.
 var noSpaceInterval = 10 * time.Second
 
-// noSpaceWatch holds the ENOSPC records by volume name, so they survive a
+// Watch holds the ENOSPC records by volume name, so they survive a
 // reopen of the volume (resize, settings) and go with a delete.
-type noSpaceWatch struct {
+type Watch struct {
+	store  *volume.Store
+	log    *slog.Logger
+	events *events.Bus
+
 	mu   sync.Mutex
 	vols map[string]*volrt.NoSpace
 	ch   chan string // names of volumes with a new error (lossy)
 }
 
-func (w *noSpaceWatch) init() {
-	w.vols = map[string]*volrt.NoSpace{}
-	w.ch = make(chan string, 64)
+// New is the watch of store's volumes, logging to log and publishing on
+// bus.
+func New(store *volume.Store, log *slog.Logger, bus *events.Bus) *Watch {
+	return &Watch{store: store, log: log, events: bus, vols: map[string]*volrt.NoSpace{}, ch: make(chan string, 64)}
 }
 
 // get returns name's record, creating it.
-func (w *noSpaceWatch) get(name string) *volrt.NoSpace {
+func (w *Watch) get(name string) *volrt.NoSpace {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if n := w.vols[name]; n != nil {
@@ -62,16 +72,16 @@ func (w *noSpaceWatch) get(name string) *volrt.NoSpace {
 }
 
 // lookup returns name's record or nil.
-func (w *noSpaceWatch) lookup(name string) *volrt.NoSpace {
+func (w *Watch) lookup(name string) *volrt.NoSpace {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.vols[name]
 }
 
-// attach gives every volume of m its record and drops the records of
-// volumes no longer in m. REQUIRES: d.mu held or New (m is the next
-// volume snapshot).
-func (w *noSpaceWatch) attach(m map[string]*volrt.Volume) {
+// Attach gives every volume of m its record and drops the records of
+// volumes no longer in m. REQUIRES: the daemon's mu held or New (m is
+// the next volume snapshot).
+func (w *Watch) Attach(m map[string]*volrt.Volume) {
 	for name, v := range m {
 		v.SetNoSpace(w.get(name))
 	}
@@ -84,8 +94,8 @@ func (w *noSpaceWatch) attach(m map[string]*volrt.Volume) {
 	}
 }
 
-// watchNoSpace logs and publishes ENOSPC reports until ctx is done.
-func (d *Daemon) watchNoSpace(ctx context.Context) {
+// Run logs and publishes ENOSPC reports until ctx is done.
+func (d *Watch) Run(ctx context.Context) {
 	pending := map[string]bool{} // suppressed by the rate limit, not yet reported
 	tick := time.NewTicker(noSpaceInterval)
 	defer tick.Stop()
@@ -93,15 +103,15 @@ func (d *Daemon) watchNoSpace(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case name := <-d.noSpace.ch:
-			if !d.reportNoSpace(name) {
+		case name := <-d.ch:
+			if !d.report(name) {
 				pending[name] = true
 			} else {
 				delete(pending, name)
 			}
 		case <-tick.C:
 			for name := range pending {
-				if d.reportNoSpace(name) {
+				if d.report(name) {
 					delete(pending, name)
 				}
 			}
@@ -109,10 +119,10 @@ func (d *Daemon) watchNoSpace(ctx context.Context) {
 	}
 }
 
-// reportNoSpace writes the WARN line and event for name unless the rate
+// report writes the WARN line and event for name unless the rate
 // limit holds it back (false).
-func (d *Daemon) reportNoSpace(name string) bool {
-	n := d.noSpace.lookup(name)
+func (d *Watch) report(name string) bool {
+	n := d.lookup(name)
 	if n == nil {
 		return true // deleted meanwhile
 	}
@@ -146,9 +156,9 @@ func noSpaceAttrs(name string, st volrt.NoSpaceStats, free int64, haveFree bool)
 	return kv
 }
 
-// noSpaceStatus is name's record for Status, nil when it had no error.
-func (d *Daemon) noSpaceStatus(name string) *NoSpaceStatus {
-	n := d.noSpace.lookup(name)
+// Status is name's record for Status, nil when it had no error.
+func (d *Watch) Status(name string) *control.NoSpaceStatus {
+	n := d.lookup(name)
 	if n == nil {
 		return nil
 	}
@@ -156,14 +166,14 @@ func (d *Daemon) noSpaceStatus(name string) *NoSpaceStatus {
 	if st.Errors == 0 {
 		return nil
 	}
-	s := &NoSpaceStatus{NoSpaceStats: st}
+	s := &control.NoSpaceStatus{NoSpaceStats: st}
 	s.FSFreeBytes, s.FSSizeBytes, _ = volrt.FreeSpace(d.store.RawPath(name))
 	return s
 }
 
-// noSpaceEvents are the "exists" lines of volumes that had ENOSPC errors.
-func (d *Daemon) noSpaceEvents() []events.Event {
-	vols := *d.vols.Load()
+// Events are the "exists" lines of the volumes of vols that had ENOSPC
+// errors.
+func (d *Watch) Events(vols map[string]*volrt.Volume) []events.Event {
 	names := make([]string, 0, len(vols))
 	for name := range vols {
 		names = append(names, name)
@@ -171,7 +181,7 @@ func (d *Daemon) noSpaceEvents() []events.Event {
 	sort.Strings(names)
 	var out []events.Event
 	for _, name := range names {
-		if s := d.noSpaceStatus(name); s != nil {
+		if s := d.Status(name); s != nil {
 			out = append(out, events.New(events.Exists, events.NoSpace, noSpaceAttrs(name, s.NoSpaceStats, s.FSFreeBytes, true)...))
 		}
 	}

@@ -6,44 +6,17 @@ import (
 	"fmt"
 	"os"
 	"reflect"
-	"slices"
-	"strings"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/frontend"
-	"github.com/vmsan/vmsan/internal/sdnotify"
+	"github.com/vmsan/vmsan/internal/reload"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // HandleReloads reloads the configuration each time sig delivers (vmsan
-// serve passes SIGHUP), until ctx is done. load re-reads the configuration
-// the way start-up read it (config file, then command-line flags over it).
-// A configuration that fails to load or to apply is logged and the running
-// one kept: a reload never stops the daemon. Under systemd each reload is
-// framed by RELOADING=1 (with MONOTONIC_USEC) and READY=1, so `systemctl
-// reload` waits for it (Type=notify-reload) and status shows "reloading".
+// serve passes SIGHUP), until ctx is done (reload.Handle).
 func (d *Daemon) HandleReloads(ctx context.Context, sig <-chan os.Signal, load func() (config.Config, error)) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case s := <-sig:
-			d.log.Info("reloading configuration", "signal", fmt.Sprint(s))
-			sdnotify.Reloading("reloading configuration")
-			cfg, err := load()
-			if err == nil {
-				err = d.Reload(cfg)
-			}
-			if err != nil {
-				d.log.Error("reload rejected; keeping the running configuration", "err", err)
-				// Still serving (with the running configuration): READY.
-				sdnotify.Ready("serving; last reload rejected: " + err.Error())
-			} else {
-				sdnotify.Ready("serving")
-			}
-		}
-	}
+	reload.Handle(ctx, d.log, sig, load, d.Reload)
 }
 
 // Reload applies next to the running daemon without dropping a client:
@@ -106,56 +79,10 @@ func (d *Daemon) Reload(next config.Config) error {
 			return err
 		}
 		d.log.Info("TLS certificates reloaded; new connections use them", "cert", next.TLS.Cert, "ca", next.TLS.CA)
-		switch {
-		case cur.TLS.CA != "" && next.TLS.CA == "":
-			d.log.Warn("tls.ca removed: new connections no longer need a client certificate")
-		case cur.TLS.CA == "" && next.TLS.CA != "":
-			d.log.Warn("tls.ca set: new connections need a client certificate; connected clients stay")
-		}
+		reload.WarnCAChange(d.log, cur.TLS, next.TLS)
 	}
 
-	restart := func(setting string, args ...any) {
-		d.log.Warn(setting+" changed; restart to apply", args...)
-	}
-	if next.DataDir != cur.DataDir {
-		restart("data_dir", "running", cur.DataDir, "configured", next.DataDir)
-	}
-	if !slices.Equal(next.Listeners(), cur.Listeners()) {
-		restart("listen", "running", cur.Listeners(), "configured", next.Listeners())
-	}
-	if next.MetricsListen != cur.MetricsListen {
-		restart("metrics_listen", "running", cur.MetricsListen, "configured", next.MetricsListen)
-	}
-	if next.Pprof != cur.Pprof {
-		restart("pprof")
-	}
-	if next.MaxPayload != cur.MaxPayload {
-		restart("max_payload", "running", int64(cur.MaxPayload), "configured", int64(next.MaxPayload))
-	}
-	if next.InflightBudget != cur.InflightBudget {
-		restart("inflight_budget", "running", int64(cur.InflightBudget), "configured", int64(next.InflightBudget))
-	}
-	if next.MaxConnections != cur.MaxConnections {
-		restart("max_connections", "running", cur.MaxConnections, "configured", next.MaxConnections)
-	}
-	if next.MaxPendingHandshakes != cur.MaxPendingHandshakes {
-		restart("nbd.max_pending_handshakes", "running", cur.MaxPendingHandshakes, "configured", next.MaxPendingHandshakes)
-	}
-	if next.HandshakeTimeout != cur.HandshakeTimeout {
-		restart("nbd.handshake_timeout", "running", time.Duration(cur.HandshakeTimeout), "configured", time.Duration(next.HandshakeTimeout))
-	}
-	if next.TLS.Mode != cur.TLS.Mode {
-		restart("tls.mode", "running", cur.TLS.Mode, "configured", next.TLS.Mode)
-	}
-	if next.Engine != cur.Engine {
-		restart("engine")
-	}
-	if !reflect.DeepEqual(next.ISCSI.WithoutAccess(), cur.ISCSI.WithoutAccess()) || isf == nil && !reflect.DeepEqual(next.ISCSI, cur.ISCSI) {
-		// Portals, the mode, identities and timers are read once in New;
-		// new volumes appear as LUNs/targets without a reload. Access
-		// settings (CHAP, ACLs, allow_any) apply below.
-		restart("iscsi", "keys", iscsiRestartKeys(cur.ISCSI, next.ISCSI))
-	}
+	reload.LogRestarts(d.log, cur, next, isf != nil)
 	for _, apply := range applies {
 		apply()
 	}
@@ -185,47 +112,20 @@ func (d *Daemon) Reload(next config.Config) error {
 
 	var errs []error
 	for _, cv := range next.Volumes {
-		old, had := findVolume(cur.Volumes, cv.Name)
+		old, had := reload.FindVolume(cur.Volumes, cv.Name)
 		if err := d.reloadVolume(cv, old, had); err != nil {
 			d.log.Error("reload: volume not applied", "volume", cv.Name, "err", err)
 			errs = append(errs, fmt.Errorf("volume %s: %w", cv.Name, err))
 		}
 	}
 	for _, ov := range cur.Volumes {
-		if _, ok := findVolume(next.Volumes, ov.Name); !ok {
+		if _, ok := reload.FindVolume(next.Volumes, ov.Name); !ok {
 			d.log.Info("volume is no longer in the configuration; it stays (vmsan volume delete removes it)", "volume", ov.Name)
 		}
 	}
 
 	d.log.Info("configuration reloaded", "volumes", len(next.Volumes))
 	return errors.Join(errs...)
-}
-
-// iscsiRestartKeys names the iscsi settings (YAML keys) that differ
-// between a and b and need a restart.
-func iscsiRestartKeys(a, b config.ISCSI) []string {
-	a, b = a.WithoutAccess(), b.WithoutAccess()
-	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
-	var out []string
-	for i := 0; i < va.NumField(); i++ {
-		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
-			name, _, _ := strings.Cut(va.Type().Field(i).Tag.Get("yaml"), ",")
-			out = append(out, "iscsi."+name)
-		}
-	}
-	if len(out) == 0 {
-		out = []string{"iscsi"} // the front end is off: any change needs a restart
-	}
-	return out
-}
-
-func findVolume(vs []config.Volume, name string) (config.Volume, bool) {
-	for _, v := range vs {
-		if v.Name == name {
-			return v, true
-		}
-	}
-	return config.Volume{}, false
 }
 
 // ReplicationReloader is implemented by plugins that apply a volume's
@@ -304,20 +204,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 	}
 
 	// The settings the config file declares (see applyConfigSettings).
-	var s Settings
-	if cv.Cache != "" && backendMode(cv.Cache) != m.Cache {
-		c := cv.Cache
-		s.Cache = &c
-	}
-	if cv.Description != "" && cv.Description != m.Description {
-		s.Description = &cv.Description
-	}
-	if cv.Rotational != m.Rotational {
-		s.Rotational = &cv.Rotational
-	}
-	if cv.ReadOnly != m.ReadOnly {
-		s.ReadOnly = &cv.ReadOnly
-	}
+	s := reload.VolumeSettings(cv, m)
 	open := (*d.vols.Load())[cv.Name] != nil
 	if s == (Settings{}) && open {
 		return nil

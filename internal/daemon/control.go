@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"time"
@@ -40,21 +39,13 @@ func (d *Daemon) startControl() error {
 	// opening a TCP port: curl --unix-socket DATA_DIR/control.sock http://x/metrics
 	mux.Handle("GET /metrics", metrics.Handler(metricsSource{d}))
 	if d.cfg.Pprof {
-		registerPprof(mux)
+		metrics.RegisterPprof(mux)
 	}
 	d.ctlMux = mux
-	d.ctlSrv = &http.Server{Handler: withBodyDeadline(mux), ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout: controlIdleTimeout, MaxHeaderBytes: 64 << 10, ErrorLog: httpErrorLog(d.log)}
+	d.ctlSrv = &http.Server{Handler: control.WithBodyDeadline(mux), ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: control.IdleTimeout, MaxHeaderBytes: 64 << 10, ErrorLog: netutil.HTTPErrorLog(d.log)}
 	d.ctlSrv.RegisterOnShutdown(func() { close(d.eventsStop) })
 	return nil
-}
-
-func registerPprof(mux *http.ServeMux) {
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
 // settingsErr marks a failure to open a volume with the settings a request

@@ -60,6 +60,7 @@ import (
 	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/frontend"
+	"github.com/vmsan/vmsan/internal/metrics"
 	"github.com/vmsan/vmsan/internal/nbd/nbdfront"
 	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/nospace"
@@ -113,14 +114,10 @@ type Daemon struct {
 	mu   sync.Mutex
 	vols atomic.Pointer[map[string]*volrt.Volume] // copy-on-write snapshot
 
-	ctlLn     net.Listener
-	ctlSrv    *http.Server
-	ctlMux    *http.ServeMux
-	metricsLn net.Listener
-	// metricsServed is metricsLn as served: accept errors retried,
-	// connections capped (limits.go).
-	metricsServed net.Listener
-	metrics       *http.Server
+	ctlLn   net.Listener
+	ctlSrv  *http.Server
+	ctlMux  *http.ServeMux
+	metrics *metrics.Listener // nil without metrics_listen
 
 	statusMu sync.Mutex
 	statusFn map[string]func() any
@@ -483,10 +480,10 @@ func (d *Daemon) NBDAddrs() []net.Addr { return d.nbd.Addrs() }
 
 // MetricsAddr is the bound metrics address, or nil.
 func (d *Daemon) MetricsAddr() net.Addr {
-	if d.metricsLn == nil {
+	if d.metrics == nil {
 		return nil
 	}
-	return d.metricsLn.Addr()
+	return d.metrics.Addr()
 }
 
 // ControlPath is the control socket path.
@@ -552,7 +549,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.ctlSrv.Serve(netutil.Retry(d.ctlLn, d.log, "control socket"))
 	go d.noSpace.Run(ctx)
 	if d.metrics != nil {
-		go d.metrics.Serve(d.metricsServed)
+		go d.metrics.Serve()
 	}
 	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners(),
 		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit),
@@ -626,8 +623,8 @@ func (d *Daemon) closeAll() error {
 		d.ctlLn.Close()
 		os.Remove(d.ControlPath())
 	}
-	if d.metricsLn != nil {
-		d.metricsLn.Close()
+	if d.metrics != nil {
+		d.metrics.Close()
 	}
 	if d.snaps != nil {
 		if err := d.snaps.Close(); err != nil {

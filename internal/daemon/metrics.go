@@ -1,58 +1,20 @@
 package daemon
 
 import (
-	"fmt"
-	"html"
-	"net"
-	"net/http"
 	"sort"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/metrics"
-	"github.com/vmsan/vmsan/internal/version"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 func (d *Daemon) startMetrics() error {
-	ln, err := net.Listen("tcp", d.cfg.MetricsListen)
+	l, err := metrics.Listen(d.cfg.MetricsListen, metricsSource{d}, d.cfg.Pprof, fdShare(0, metrics.MaxConns, 16), d.log)
 	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
+		return err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", metrics.Handler(metricsSource{d}))
-	mux.HandleFunc("GET /{$}", d.metricsIndex)
-	if d.cfg.Pprof {
-		registerPprof(mux)
-	}
-	d.metricsLn = ln
-	d.metricsServed = limitedListener(ln, d, "metrics", fdShare(0, metricsMaxConns, 16))
-	d.metrics = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: metricsReadTimeout,
-		WriteTimeout: metricsWriteTimeout, IdleTimeout: metricsIdleTimeout, MaxHeaderBytes: 64 << 10,
-		ErrorLog: httpErrorLog(d.log)}
+	d.metrics = l
 	return nil
-}
-
-// metricsIndex answers GET / on the metrics listener with links to what it
-// serves, so a person pointing a browser at the port (or a load balancer
-// health check) gets a page rather than a 404. Other paths stay 404.
-func (d *Daemon) metricsIndex(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	fmt.Fprint(w, `<!DOCTYPE html>
-<html><head><title>vmsan</title></head>
-<body>
-<h1>vmsan</h1>
-<p>Version `+html.EscapeString(version.Get().Version)+`</p>
-<ul>
-<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
-`)
-	if d.cfg.Pprof {
-		fmt.Fprint(w, `<li><a href="/debug/pprof/">/debug/pprof/</a>: Go profiling</li>
-`)
-	}
-	fmt.Fprint(w, `</ul>
-</body></html>
-`)
 }
 
 // replMetricsFn supplies replication series (see SetReplicaMetrics).

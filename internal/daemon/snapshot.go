@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/vmsan/vmsan/internal/control"
+	"github.com/vmsan/vmsan/internal/events"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -61,7 +62,7 @@ func (d *Daemon) createSnapshot(vol, snap string, o volume.CloneOptions) (Snapsh
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	o.Progress = d.copyProgress(vol, vol+volume.SnapSep+snap, m.Size)
+	o.Progress = events.CopyProgress(d.events, vol, vol+volume.SnapSep+snap, m.Size)
 	sm, err := d.store.CreateSnapshot(vol, snap, o)
 	resume()
 	if err != nil {

@@ -1,10 +1,8 @@
-package daemon
+package events
 
 import (
 	"strconv"
 	"time"
-
-	"github.com/vmsan/vmsan/internal/events"
 )
 
 // Progress of a full copy (snapshot, clone or rollback with --copy) made
@@ -15,9 +13,10 @@ import (
 
 const copyEventPeriod = 500 * time.Millisecond
 
-// copyProgress returns the sparse copy's Progress callback for a copy of
-// size bytes into target ("VOL@SNAP" or a volume name) from vol.
-func (d *Daemon) copyProgress(vol, target string, size int64) func(done int64) {
+// CopyProgress returns the sparse copy's Progress callback for a copy of
+// size bytes into target ("VOL@SNAP" or a volume name) from vol,
+// publishing on bus.
+func CopyProgress(bus *Bus, vol, target string, size int64) func(done int64) {
 	var last time.Time
 	return func(done int64) {
 		now := time.Now()
@@ -29,7 +28,7 @@ func (d *Daemon) copyProgress(vol, target string, size int64) func(done int64) {
 		if size > 0 {
 			pct = float64(done) * 100 / float64(size)
 		}
-		d.events.Publish(events.New(events.Change, events.Copy, "volume", vol, "target", target,
+		bus.Publish(New(Change, Copy, "volume", vol, "target", target,
 			"done_bytes", strconv.FormatInt(done, 10), "total_bytes", strconv.FormatInt(size, 10),
 			"percent", strconv.FormatFloat(pct, 'f', 1, 64)))
 	}

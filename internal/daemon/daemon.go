@@ -67,6 +67,7 @@ import (
 	"github.com/vmsan/vmsan/internal/role"
 	"github.com/vmsan/vmsan/internal/snapexport"
 	"github.com/vmsan/vmsan/internal/tlsreload"
+	"github.com/vmsan/vmsan/internal/volconf"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -251,7 +252,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 			return nil, err
 		}
 	}
-	if err = d.ensureVolumes(); err != nil {
+	if err = volconf.Ensure(d.store, cfg, opts.Hooks.Resize, log); err != nil {
 		return nil, err
 	}
 	if err = d.openAll(); err != nil {
@@ -278,92 +279,6 @@ func logLevel(s string) slog.Level {
 		return slog.LevelError
 	}
 	return slog.LevelInfo
-}
-
-// ensureVolumes creates configured volumes that do not exist (and grows
-// ones the config declares larger), or the 10 GiB "default" volume when the
-// data directory is empty and the config declares none.
-func (d *Daemon) ensureVolumes() error {
-	for _, cv := range d.cfg.Volumes {
-		m, err := d.store.Get(cv.Name)
-		switch {
-		case errors.Is(err, volume.ErrNotFound):
-			_, err = d.store.Create(volume.CreateOptions{
-				Name: cv.Name, Size: int64(cv.Size), Cache: backendMode(cv.Cache), Rotational: cv.Rotational,
-				ReadOnly: cv.ReadOnly, Description: cv.Description, LogicalBlockSize: cv.BlockSize,
-			})
-			if err != nil {
-				return err
-			}
-			d.log.Info("created volume from config", "volume", cv.Name, "size", int64(cv.Size))
-		case err != nil:
-			return err
-		case d.store.CheckRaw(cv.Name) != nil:
-			// Damaged: openAll reports it with the repair command; one
-			// damaged volume must not keep the others from being served,
-			// and its size or settings are not touched until repaired.
-			continue
-		case int64(cv.Size) > m.Size:
-			if cerr := control.CheckResize(d.opts.Hooks.Resize, d.cfg.DataDir, cv.Name, int64(cv.Size)); cerr != nil {
-				// Serve at the old size rather than refuse to start.
-				d.log.Error("not growing volume to its configured size", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size), "err", cerr)
-				break
-			}
-			if _, err := d.store.Resize(cv.Name, int64(cv.Size), false); err != nil {
-				return err
-			}
-			d.log.Info("grew volume to configured size", "volume", cv.Name, "size", int64(cv.Size))
-		case int64(cv.Size) < m.Size:
-			d.log.Warn("volume is larger than configured; not shrinking (use vmsan volume resize --force)", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size))
-		}
-		if err == nil {
-			if err := d.applyConfigSettings(cv); err != nil {
-				return err
-			}
-		}
-	}
-	if len(d.cfg.Volumes) > 0 || d.cfg.NoDefaultVolume {
-		return nil
-	}
-	list, err := d.store.List()
-	if list == nil {
-		return err
-	}
-	if err != nil || len(list) > 0 {
-		// Volumes exist (even if some are unreadable): not an empty directory.
-		return nil
-	}
-	_, err = d.store.Create(volume.CreateOptions{Name: config.DefaultVolumeName, Size: config.DefaultVolumeSize, Description: "vmsan default volume"})
-	if err == nil {
-		d.log.Info("created default volume", "volume", config.DefaultVolumeName, "size", volume.HumanSize(config.DefaultVolumeSize))
-	}
-	return err
-}
-
-// applyConfigSettings makes an existing volume's flags match its config
-// entry: the config file is declarative, so editing "rotational: true" and
-// restarting must take effect. Cache and description apply only when set.
-func (d *Daemon) applyConfigSettings(cv config.Volume) error {
-	m, err := d.store.Get(cv.Name)
-	if err != nil {
-		return err
-	}
-	want := m
-	if cv.Cache != "" {
-		want.Cache = backendMode(cv.Cache)
-	}
-	if cv.Description != "" {
-		want.Description = cv.Description
-	}
-	want.Rotational, want.ReadOnly = cv.Rotational, cv.ReadOnly
-	if want == m {
-		return nil
-	}
-	if _, err := d.store.Update(cv.Name, func(mm *volume.Meta) error { *mm = want; return nil }); err != nil {
-		return err
-	}
-	d.log.Info("applied config settings to volume", "volume", cv.Name, "cache", want.Cache, "rotational", want.Rotational, "read_only", want.ReadOnly)
-	return nil
 }
 
 func (d *Daemon) engineFor(name string) config.Engine {

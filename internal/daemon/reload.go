@@ -203,7 +203,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 		d.log.Warn("volume is larger than configured; not shrinking (use vmsan volume resize --force)", "volume", cv.Name, "size", m.Size, "configured", int64(cv.Size))
 	}
 
-	// The settings the config file declares (see applyConfigSettings).
+	// The settings the config file declares (see volconf.Ensure).
 	s := reload.VolumeSettings(cv, m)
 	open := (*d.vols.Load())[cv.Name] != nil
 	if s == (Settings{}) && open {

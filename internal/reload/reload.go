@@ -139,8 +139,8 @@ func FindVolume(vs []config.Volume, name string) (config.Volume, bool) {
 }
 
 // VolumeSettings are the settings the config entry cv declares that
-// differ from the volume's metadata m (the daemon's applyConfigSettings
-// applies the same at start): cache and description only when set.
+// differ from the volume's metadata m (volconf.Ensure applies the same at
+// start): cache and description only when set.
 func VolumeSettings(cv config.Volume, m volume.Meta) control.Settings {
 	var s control.Settings
 	if cv.Cache != "" && backend.CacheMode(cv.Cache) != m.Cache {

@@ -58,7 +58,7 @@ var hostPkgs = []string{"internal/host", "internal/frontend", "internal/control"
 // daemonParts are pieces of the daemon's own logic moved out of it, each
 // with one job (TLS reloading, snapshot exports, ...): the daemon builds
 // and calls them, so they import no daemon, no front end and no plugin.
-var daemonParts = []string{"internal/tlsreload", "internal/snapexport", "internal/nospace", "internal/reload", "internal/volconf"}
+var daemonParts = []string{"internal/tlsreload", "internal/snapexport", "internal/nospace", "internal/reload", "internal/volconf", "internal/volops"}
 
 // leafPkgs import nothing from the project.
 var leafPkgs = []string{"internal/replset", "internal/alignbuf", "internal/netutil", "internal/vfs", "internal/httpjson"}

@@ -5,6 +5,9 @@ import (
 
 	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/events"
+	"github.com/vmsan/vmsan/internal/frontend"
+	"github.com/vmsan/vmsan/internal/volops"
+	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -76,69 +79,43 @@ func ErrorCode(err error) string { return control.ErrorCode(err) }
 
 func writeJSON(w http.ResponseWriter, status int, v any) { control.WriteJSON(w, status, v) }
 
-// controlOps is the daemon as the control API calls it (control.Ops).
-type controlOps struct{ d *Daemon }
+// controlOps is the daemon as the control API calls it (control.Ops):
+// the volume operations are volops.Ops.
+type controlOps struct {
+	*volops.Ops
+	d *Daemon
+}
 
 var _ control.Ops = controlOps{}
 
-func (o controlOps) Status() Status { return o.d.status() }
-
-func (o controlOps) List() ([]VolumeInfo, error) {
-	list, err := o.d.store.List()
-	if list == nil {
-		return nil, err
-	}
-	out := make([]VolumeInfo, 0, len(list))
-	for _, m := range list {
-		out = append(out, o.d.info(m))
-	}
-	return out, err
-}
-
-func (o controlOps) Info(name string) (VolumeInfo, error) {
-	m, err := o.d.store.Get(name)
-	if err != nil {
-		return VolumeInfo{}, err
-	}
-	return o.d.info(m), nil
-}
-
-func (o controlOps) CreateVolume(c volume.CreateOptions) (VolumeInfo, error) {
-	return o.d.createVolume(c)
-}
-
-func (o controlOps) ResizeVolume(name string, size int64, force bool) (VolumeInfo, error) {
-	return o.d.resizeVolume(name, size, force)
-}
-
-func (o controlOps) UpdateVolume(name string, s Settings) (VolumeInfo, error) {
-	return o.d.updateVolume(name, s)
-}
-
-func (o controlOps) DeleteVolume(name string, force bool) error { return o.d.deleteVolume(name, force) }
-
-func (o controlOps) CreateSnapshot(vol, snap string, copyData, temporary bool) (SnapshotInfo, error) {
-	return o.d.createSnapshot(vol, snap, volume.CloneOptions{Copy: copyData, Temporary: temporary})
-}
-
-func (o controlOps) DeleteSnapshot(vol, snap string, force bool) error {
-	return o.d.deleteSnapshot(vol, snap, force)
-}
-
-func (o controlOps) ListSnapshots(vol string) ([]SnapshotInfo, error) { return o.d.listSnapshots(vol) }
-
-func (o controlOps) Clone(src, name string, copyData bool) (VolumeInfo, error) {
-	return o.d.clone(src, name, copyData)
-}
-
-func (o controlOps) Rollback(vol, snap string, force, copyData bool) (VolumeInfo, error) {
-	return o.d.rollback(vol, snap, force, copyData)
-}
-
-func (o controlOps) ImportVolume(c volume.CreateOptions, path string) (VolumeInfo, error) {
-	return o.d.importVolume(c, path)
-}
-
+func (o controlOps) Status() Status                { return o.d.status() }
 func (o controlOps) ISCSIShow() any                { return o.d.iscsiShow() }
 func (o controlOps) Events() *events.Bus           { return o.d.events }
 func (o controlOps) EventSnapshot() []events.Event { return o.d.eventSnapshot() }
+
+// volRuntime is the daemon's open volumes as volops.Ops uses them.
+type volRuntime struct{ d *Daemon }
+
+func (r volRuntime) Volume(name string) *volrt.Volume            { return (*r.d.vols.Load())[name] }
+func (r volRuntime) Publish(fn func(m map[string]*volrt.Volume)) { r.d.publish(fn) }
+func (r volRuntime) Open(m volume.Meta) (*volrt.Volume, error) {
+	return openVol(r.d.store, m, r.d.engineFor(m.Name), uint32(r.d.cfg.MaxPayload))
+}
+func (r volRuntime) Clients(name string, v *volrt.Volume) int64 { return r.d.clientsOf(name, v) }
+func (r volRuntime) VolumeClients(name string) int64            { return r.d.volumeClients(name) }
+
+func (r volRuntime) ReleaseIdle(name string) {
+	for _, fe := range r.d.frontEnds {
+		if h, ok := fe.(frontend.IdleHolder); ok {
+			h.ReleaseIdle(name)
+		}
+	}
+}
+
+func (r volRuntime) Deleted(name string) {
+	for _, p := range r.d.plugins {
+		if pd, ok := p.(VolumeDeleter); ok {
+			pd.VolumeDeleted(name)
+		}
+	}
+}

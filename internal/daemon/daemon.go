@@ -68,6 +68,7 @@ import (
 	"github.com/vmsan/vmsan/internal/snapexport"
 	"github.com/vmsan/vmsan/internal/tlsreload"
 	"github.com/vmsan/vmsan/internal/volconf"
+	"github.com/vmsan/vmsan/internal/volops"
 	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
@@ -149,6 +150,8 @@ type Daemon struct {
 	// snaps are the read-only exports of snapshots (internal/snapexport):
 	// set in New once the store is open.
 	snaps *snapexport.Exports
+	// vo are the volume operations (internal/volops): set with snaps.
+	vo *volops.Ops
 
 	// replMetrics is set by the replication plugin (SetReplicaMetrics).
 	replMetrics atomic.Pointer[replMetricsFn]
@@ -224,6 +227,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	d.store.SetHooks(volume.Hooks{InUse: d.inUse, Resize: d.resizeHook})
 	d.noSpace = nospace.New(d.store, log, d.events)
 	d.snaps = snapexport.New(d.store, log, engineConfig(cfg.Engine), uint32(cfg.MaxPayload))
+	d.vo = volops.New(&d.mu, d.store, log, d.events, opts.Hooks, cfg.DataDir, d.snaps, volRuntime{d})
 
 	if d.tls, err = tlsreload.New(cfg.TLS); err != nil {
 		return nil, err

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/vmsan/vmsan/internal/events"
+	"github.com/vmsan/vmsan/internal/volops"
 	"github.com/vmsan/vmsan/internal/volrt"
-	"github.com/vmsan/vmsan/internal/volume"
 )
 
 // The event stream (GET /v1/events, `vmsan events`): the daemon publishes
@@ -38,23 +38,13 @@ func clientAttrs(s volrt.Session) []string {
 		"remote", s.Remote, "since", s.Since.UTC().Format(time.RFC3339)}
 }
 
-func volumeAttrs(m volume.Meta) []string {
-	return []string{"name", m.Name, "size", strconv.FormatInt(m.Size, 10), "cache", string(m.Cache),
-		"read_only", strconv.FormatBool(m.ReadOnly)}
-}
-
-// publishVolume publishes kind for the volume m.
-func (d *Daemon) publishVolume(kind string, m volume.Meta) {
-	d.events.Publish(events.New(kind, events.Volume, volumeAttrs(m)...))
-}
-
 // eventSnapshot is the current state as "exists" events: volumes, clients,
 // then the plugins' sources.
 func (d *Daemon) eventSnapshot() []events.Event {
 	var out []events.Event
 	list, _ := d.store.List()
 	for _, m := range list {
-		out = append(out, events.New(events.Exists, events.Volume, volumeAttrs(m)...))
+		out = append(out, events.New(events.Exists, events.Volume, volops.VolumeAttrs(m)...))
 	}
 	for _, fs := range d.frontEndStats() {
 		for _, c := range fs.Clients {

@@ -78,7 +78,7 @@ func TestEventsStream(t *testing.T) {
 	expectLine(t, lines, `^exists volume name:default size:10737418240 cache:writeback read_only:false$`)
 	expectLine(t, lines, `^exists -$`)
 
-	if _, err := r.d.createVolume(volume.CreateOptions{Name: "vm2", Size: 1 << 20}); err != nil {
+	if _, err := r.d.vo.CreateVolume(volume.CreateOptions{Name: "vm2", Size: 1 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	expectLine(t, lines, `^create volume name:vm2 size:1048576 `)
@@ -86,11 +86,11 @@ func TestEventsStream(t *testing.T) {
 	l := expectLine(t, lines, `^create client id:\d+ front_end:nbd volume:vm2 remote:127\.0\.0\.1:\d+ since:\S+$`)
 	id := regexp.MustCompile(`id:(\d+)`).FindStringSubmatch(l)[1]
 	expectLine(t, lines, `^destroy client id:`+id+` front_end:nbd volume:vm2 remote:127\.0\.0\.1:\d+ duration:\S+$`)
-	if _, err := r.d.resizeVolume("vm2", 2<<20, false); err != nil {
+	if _, err := r.d.vo.ResizeVolume("vm2", 2<<20, false); err != nil {
 		t.Fatal(err)
 	}
 	expectLine(t, lines, `^change volume name:vm2 size:2097152 `)
-	if err := r.d.deleteVolume("vm2", false); err != nil {
+	if err := r.d.vo.DeleteVolume("vm2", false); err != nil {
 		t.Fatal(err)
 	}
 	expectLine(t, lines, `^destroy volume name:vm2$`)

@@ -52,7 +52,7 @@ func TestISCSIResizeAsyncMessage(t *testing.T) {
 	if lr, ok := f.Header.(*pdu.LoginResponse); err != nil || !ok || lr.Status != 0 {
 		t.Fatalf("login: %v %+v", err, f.Header)
 	}
-	if _, err := r.d.resizeVolume(config.DefaultVolumeName, 11<<30, false); err != nil {
+	if _, err := r.d.vo.ResizeVolume(config.DefaultVolumeName, 11<<30, false); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -78,7 +78,7 @@ func TestISCSIDeleteAfterLogout(t *testing.T) {
 	r := start(t, t.TempDir(), func(c *config.Config) {
 		c.ISCSI = config.ISCSI{Listen: []config.ISCSIPortal{{Addr: "127.0.0.1:0"}}, NodeName: "t", AllowAny: true}
 	})
-	if _, err := r.d.createVolume(volume.CreateOptions{Name: "extra", Size: 8 << 20}); err != nil {
+	if _, err := r.d.vo.CreateVolume(volume.CreateOptions{Name: "extra", Size: 8 << 20}); err != nil {
 		t.Fatal(err)
 	}
 	var addr string
@@ -105,12 +105,12 @@ func TestISCSIDeleteAfterLogout(t *testing.T) {
 	if f, err := rd.Read(); err != nil || f.Header.(*pdu.LoginResponse).Status != 0 {
 		t.Fatalf("login: %v", err)
 	}
-	if err := r.d.deleteVolume("extra", false); err == nil {
+	if err := r.d.vo.DeleteVolume("extra", false); err == nil {
 		t.Fatal("deleted a volume an iSCSI session is logged in to")
 	}
 	c.Close()
 	waitFor(t, "the session to end", func() bool { return r.d.status().FrontEnds != nil && len(r.d.clients()["extra"]) == 0 })
-	if err := r.d.deleteVolume("extra", false); err != nil {
+	if err := r.d.vo.DeleteVolume("extra", false); err != nil {
 		t.Fatalf("delete after the iSCSI sessions ended: %v", err)
 	}
 }

@@ -26,7 +26,7 @@ func TestDeleteNeverWhileHeld(t *testing.T) {
 	const rounds = 20
 	var deletes, violations, opens atomic.Int64
 	for round := 0; round < rounds; round++ {
-		if _, err := r.d.createVolume(volume.CreateOptions{Name: "v", Size: 1 << 20}); err != nil {
+		if _, err := r.d.vo.CreateVolume(volume.CreateOptions{Name: "v", Size: 1 << 20}); err != nil {
 			t.Fatal(err)
 		}
 		stop := make(chan struct{})
@@ -70,7 +70,7 @@ func TestDeleteNeverWhileHeld(t *testing.T) {
 		waitFor(t, "holders to be active", func() bool { return opens.Load() >= 20 })
 		deadline := time.Now().Add(5 * time.Second)
 		for time.Now().Before(deadline) {
-			err := r.d.deleteVolume("v", false)
+			err := r.d.vo.DeleteVolume("v", false)
 			if err == nil {
 				deletes.Add(1)
 				break
@@ -83,7 +83,7 @@ func TestDeleteNeverWhileHeld(t *testing.T) {
 		close(stop)
 		wg.Wait()
 		if _, err := r.d.store.Get("v"); err == nil {
-			r.d.deleteVolume("v", true) // the deleter lost every race this round
+			r.d.vo.DeleteVolume("v", true) // the deleter lost every race this round
 		}
 	}
 	if violations.Load() > 0 {

@@ -167,7 +167,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 			d.log.Warn("new volume has replication settings; restart to create and replicate it", "volume", cv.Name)
 			return nil
 		}
-		_, err := d.createVolume(volume.CreateOptions{
+		_, err := d.vo.CreateVolume(volume.CreateOptions{
 			Name: cv.Name, Size: int64(cv.Size), Cache: backendMode(cv.Cache), Rotational: cv.Rotational,
 			ReadOnly: cv.ReadOnly, Description: cv.Description, LogicalBlockSize: cv.BlockSize,
 		})
@@ -196,7 +196,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 	}
 	switch {
 	case int64(cv.Size) > m.Size:
-		if _, err := d.resizeVolume(cv.Name, int64(cv.Size), false); err != nil {
+		if _, err := d.vo.ResizeVolume(cv.Name, int64(cv.Size), false); err != nil {
 			return err
 		}
 	case int64(cv.Size) < m.Size:
@@ -211,7 +211,7 @@ func (d *Daemon) reloadVolume(cv config.Volume, old config.Volume, had bool) err
 	}
 	// UpdateVolume reopens the volume with the new settings when it is
 	// idle, and opens and exports one that is not open.
-	if _, err := d.updateVolume(cv.Name, s); err != nil {
+	if _, err := d.vo.UpdateVolume(cv.Name, s); err != nil {
 		if errors.Is(err, volume.ErrInUse) {
 			d.log.Warn("volume settings changed but clients hold the volume; they apply once it is idle and the daemon is reloaded, or at restart", "volume", cv.Name)
 			return nil

@@ -1,46 +1,25 @@
 package daemon
 
 import (
-	"fmt"
-	"net/http"
 	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/vmsan/vmsan/internal/control"
 	"github.com/vmsan/vmsan/internal/metrics"
-	"github.com/vmsan/vmsan/internal/netutil"
 	"github.com/vmsan/vmsan/internal/volrt"
 )
 
 func (d *Daemon) startControl() error {
-	// Only the owner (root, normally) may create or delete volumes: the
-	// socket is ControlSocketMode from the start (see netutil.ListenUnix). Bind
-	// under a temporary name, then rename it into place, so a client never
-	// finds a socket under the real name that is not yet served.
-	// (Holding the data-dir lock means no other daemon uses either name.)
-	tmp := filepath.Join(d.cfg.DataDir, ".control.sock.tmp")
-	ln, err := netutil.ListenUnix(tmp, ControlSocketMode)
+	srv, err := control.Listen(d.cfg.DataDir, ControlSocketMode, controlOps{d.vo, d}, d.log, d.eventsStop)
 	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
+		return err
 	}
-	if err := os.Rename(tmp, d.ControlPath()); err != nil {
-		ln.Close()
-		return fmt.Errorf("control socket: %w", err)
-	}
-	d.ctlLn = ln
-	mux := http.NewServeMux()
-	control.Register(mux, controlOps{d.vo, d}, d.log, d.eventsStop)
+	d.ctl = srv
 	// Metrics are also on the control socket, so they are available without
 	// opening a TCP port: curl --unix-socket DATA_DIR/control.sock http://x/metrics
-	mux.Handle("GET /metrics", metrics.Handler(metricsSource{d}))
+	srv.Mux.Handle("GET /metrics", metrics.Handler(metricsSource{d}))
 	if d.cfg.Pprof {
-		metrics.RegisterPprof(mux)
+		metrics.RegisterPprof(srv.Mux)
 	}
-	d.ctlMux = mux
-	d.ctlSrv = &http.Server{Handler: control.WithBodyDeadline(mux), ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout: control.IdleTimeout, MaxHeaderBytes: 64 << 10, ErrorLog: netutil.HTTPErrorLog(d.log)}
-	d.ctlSrv.RegisterOnShutdown(func() { close(d.eventsStop) })
 	return nil
 }
 

@@ -47,7 +47,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -116,9 +115,7 @@ type Daemon struct {
 	mu   sync.Mutex
 	vols atomic.Pointer[map[string]*volrt.Volume] // copy-on-write snapshot
 
-	ctlLn   net.Listener
-	ctlSrv  *http.Server
-	ctlMux  *http.ServeMux
+	ctl     *control.Server   // the control socket
 	metrics *metrics.Listener // nil without metrics_listen
 
 	statusMu sync.Mutex
@@ -463,9 +460,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}(fe)
 	}
-	// net/http retries only "temporary" accept errors; the wrapper
-	// retries every error but a close (limits.go).
-	go d.ctlSrv.Serve(netutil.Retry(d.ctlLn, d.log, "control socket"))
+	go d.ctl.Serve(d.log)
 	go d.noSpace.Run(ctx)
 	if d.metrics != nil {
 		go d.metrics.Serve()
@@ -501,8 +496,8 @@ func (d *Daemon) Shutdown() error {
 	ctx, cancel := context.WithTimeout(context.Background(), d.opts.ShutdownTimeout)
 	defer cancel()
 	var errs []error
-	if d.ctlSrv != nil {
-		d.ctlSrv.Shutdown(ctx)
+	if d.ctl != nil {
+		d.ctl.Shutdown(ctx)
 	}
 	for _, fe := range d.frontEnds {
 		if err := fe.Shutdown(ctx); err != nil {
@@ -538,9 +533,8 @@ func (d *Daemon) closeAll() error {
 	for _, fe := range d.frontEnds {
 		fe.Close()
 	}
-	if d.ctlLn != nil {
-		d.ctlLn.Close()
-		os.Remove(d.ControlPath())
+	if d.ctl != nil {
+		d.ctl.Close()
 	}
 	if d.metrics != nil {
 		d.metrics.Close()

@@ -66,7 +66,7 @@ func (h pluginHost) Roles() *role.Controller { return h.d.roleCtl }
 
 // Handle registers an extra control API endpoint (Go 1.22 ServeMux pattern,
 // e.g. "POST /v1/volumes/{name}/promote"). Call before Run.
-func (h pluginHost) Handle(pattern string, hd http.Handler) { h.d.ctlMux.Handle(pattern, hd) }
+func (h pluginHost) Handle(pattern string, hd http.Handler) { h.d.ctl.Mux.Handle(pattern, hd) }
 
 // AddStatus adds a section to /v1/status under Extra[key]; fn is called on
 // every status request and must be safe for concurrent use.

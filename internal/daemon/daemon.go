@@ -291,31 +291,13 @@ func (d *Daemon) engineFor(name string) config.Engine {
 	return d.cfg.Engine
 }
 
-// openAll opens every volume in the store. A volume that fails to open (for
-// example cache=none on a filesystem without O_DIRECT) is logged and left
-// unexported rather than taking the whole node down.
+// openAll opens every volume in the store (volconf.OpenAll).
 func (d *Daemon) openAll() error {
-	list, err := d.store.List()
-	if list == nil {
+	m, err := volconf.OpenAll(d.store, d.log, func(meta volume.Meta) (*volrt.Volume, error) {
+		return openVol(d.store, meta, d.engineFor(meta.Name), uint32(d.cfg.MaxPayload))
+	})
+	if m == nil {
 		return err
-	}
-	if err != nil {
-		d.log.Error("some volumes have unreadable metadata; not exporting them", "err", err)
-	}
-	m := map[string]*volrt.Volume{}
-	for _, meta := range list {
-		if err := d.store.CheckRaw(meta.Name); err != nil {
-			// Never serve (or let replication "resync") a file that is not
-			// the volume's: the operator repairs it (the error says how).
-			d.log.Error("volume damaged; not exporting it", "volume", meta.Name, "err", err)
-			continue
-		}
-		v, err := openVol(d.store, meta, d.engineFor(meta.Name), uint32(d.cfg.MaxPayload))
-		if err != nil {
-			d.log.Error("cannot open volume; not exporting it", "volume", meta.Name, "err", err)
-			continue
-		}
-		m[meta.Name] = v
 	}
 	d.noSpace.Attach(m)
 	d.vols.Store(&m)

@@ -1,7 +1,8 @@
 // Package volconf makes the volume store match the configuration's
 // volumes at start: the config file is declarative, so a configured
 // volume that is missing is created, one declared larger grows, and its
-// flags follow the file. The daemon runs it before opening any volume.
+// flags follow the file. The daemon runs Ensure before opening any
+// volume, then OpenAll.
 package volconf
 
 import (
@@ -11,6 +12,7 @@ import (
 	"github.com/vmsan/vmsan/internal/backend"
 	"github.com/vmsan/vmsan/internal/config"
 	"github.com/vmsan/vmsan/internal/control"
+	"github.com/vmsan/vmsan/internal/volrt"
 	"github.com/vmsan/vmsan/internal/volume"
 )
 
@@ -111,4 +113,33 @@ func (d ensurer) applyConfigSettings(cv config.Volume) error {
 	}
 	d.log.Info("applied config settings to volume", "volume", cv.Name, "cache", want.Cache, "rotational", want.Rotational, "read_only", want.ReadOnly)
 	return nil
+}
+
+// OpenAll opens every volume in the store with open. A volume that fails
+// to open (for example cache=none on a filesystem without O_DIRECT) is
+// logged and left unexported rather than taking the whole node down.
+func OpenAll(store *volume.Store, log *slog.Logger, open func(volume.Meta) (*volrt.Volume, error)) (map[string]*volrt.Volume, error) {
+	list, err := store.List()
+	if list == nil {
+		return nil, err
+	}
+	if err != nil {
+		log.Error("some volumes have unreadable metadata; not exporting them", "err", err)
+	}
+	m := map[string]*volrt.Volume{}
+	for _, meta := range list {
+		if err := store.CheckRaw(meta.Name); err != nil {
+			// Never serve (or let replication "resync") a file that is not
+			// the volume's: the operator repairs it (the error says how).
+			log.Error("volume damaged; not exporting it", "volume", meta.Name, "err", err)
+			continue
+		}
+		v, err := open(meta)
+		if err != nil {
+			log.Error("cannot open volume; not exporting it", "volume", meta.Name, "err", err)
+			continue
+		}
+		m[meta.Name] = v
+	}
+	return m, nil
 }

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/vmsan/vmsan/internal/frontend"
@@ -47,37 +46,12 @@ func (d *Daemon) drainVolume(name string, timeout time.Duration) error {
 	return nil
 }
 
-type volumeRoles struct {
-	mu sync.Mutex
-	m  map[string]VolumeRole
-	// apply serialises the observers' calls, so that two role changes in
-	// quick succession reach every front end in the order they were set.
-	apply sync.Mutex
-}
-
 // setVolumeRole records a replicated volume's role and tells the front
-// ends (iSCSI changes the volume's ALUA states and raises the unit
-// attention ASYMMETRIC ACCESS STATE CHANGED). It is the role controller's
-// subscriber (New): called on the volume's owner goroutine, in the order
-// the roles were published. Safe for concurrent use.
-func (d *Daemon) setVolumeRole(name string, r VolumeRole) {
-	d.roles.apply.Lock()
-	defer d.roles.apply.Unlock()
-	d.roles.mu.Lock()
-	if d.roles.m == nil {
-		d.roles.m = map[string]VolumeRole{}
-	}
-	old := d.roles.m[name]
-	if r == RoleStandalone {
-		delete(d.roles.m, name)
-	} else {
-		d.roles.m[name] = r
-	}
-	d.roles.mu.Unlock()
-	if old == r {
-		return
-	}
-	d.log.Info("volume role for front ends", "volume", name, "role", r.String(), "was", old.String())
+// ends (role.Mirror): the role controller's subscriber (New).
+func (d *Daemon) setVolumeRole(name string, r VolumeRole) { d.roles.Set(name, r) }
+
+// tellFrontEnds passes a role change to the front ends that follow roles.
+func (d *Daemon) tellFrontEnds(name string, r VolumeRole) {
 	for _, fe := range d.frontEnds {
 		if o, ok := fe.(frontend.RoleObserver); ok {
 			o.VolumeRoleChanged(name, r)
@@ -86,8 +60,4 @@ func (d *Daemon) setVolumeRole(name string, r VolumeRole) {
 }
 
 // volumeRole returns a volume's role (RoleStandalone unless set).
-func (d *Daemon) volumeRole(name string) VolumeRole {
-	d.roles.mu.Lock()
-	defer d.roles.mu.Unlock()
-	return d.roles.m[name]
-}
+func (d *Daemon) volumeRole(name string) VolumeRole { return d.roles.Get(name) }

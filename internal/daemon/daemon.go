@@ -154,8 +154,9 @@ type Daemon struct {
 	replMetrics atomic.Pointer[replMetricsFn]
 
 	// roles are replicated volumes' roles as the front ends were told
-	// them (setVolumeRole, alua.go); roleCtl owns them (pluginHost.Roles).
-	roles   volumeRoles
+	// them (role.Mirror; setVolumeRole, alua.go); roleCtl owns them
+	// (pluginHost.Roles).
+	roles   *role.Mirror
 	roleCtl *role.Controller
 
 	// noSpace holds the volumes' ENOSPC records (internal/nospace): set
@@ -200,6 +201,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		events: events.NewBus(), eventsStop: make(chan struct{})}
 	empty := map[string]*volrt.Volume{}
 	d.vols.Store(&empty)
+	d.roles = role.NewMirror(log, d.tellFrontEnds)
 	d.budget.Init(int64(d.inflightBudget()))
 	defer func() {
 		if err != nil {

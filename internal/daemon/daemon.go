@@ -49,7 +49,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -389,48 +388,15 @@ func (d *Daemon) MetricsAddr() net.Addr {
 // ControlPath is the control socket path.
 func (d *Daemon) ControlPath() string { return filepath.Join(d.cfg.DataDir, ControlSocketName) }
 
-// bannerExport is the volume the banner shows: the default export, else
-// the first by name; "" when there are no volumes.
+// bannerExport is the volume the banner shows (frontend.BannerExport).
 func (d *Daemon) bannerExport() string {
 	vols := *d.vols.Load()
-	if exp := d.defaultExport(vols); exp != "" {
-		return exp
-	}
-	names := make([]string, 0, len(vols))
-	for n := range vols {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	if len(names) > 0 {
-		return names[0]
-	}
-	return ""
+	return frontend.BannerExport(vols, d.defaultExport(vols))
 }
 
-// Banner writes how to use the daemon: the volumes, then each front end's
-// lines (QEMU options and nbdinfo URLs for NBD).
+// Banner writes how to use the daemon (frontend.WriteBanner).
 func (d *Daemon) Banner(w io.Writer) {
-	vols := *d.vols.Load()
-	names := make([]string, 0, len(vols))
-	for n := range vols {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	exp := d.bannerExport()
-	fmt.Fprintf(w, "vmsan: serving %d volume(s) from %s: %s\n", len(names), d.cfg.DataDir, strings.Join(names, ", "))
-	if exp == "" {
-		fmt.Fprintf(w, "vmsan: no volumes; create one with: vmsan volume create NAME --size 20G --data-dir %s\n", d.cfg.DataDir)
-		return
-	}
-	if v := vols[exp]; v != nil {
-		fmt.Fprintf(w, "vmsan: volume %q is %s (%d bytes), cache=%s\n", exp, volume.HumanSize(v.Size()), v.Size(), v.Meta().Cache)
-	}
-	for _, fe := range d.frontEnds {
-		for _, l := range fe.BannerLines() {
-			fmt.Fprintln(w, l)
-		}
-	}
-	fmt.Fprintf(w, "Control: vmsan status --data-dir %s\n", d.cfg.DataDir)
+	frontend.WriteBanner(w, d.cfg.DataDir, *d.vols.Load(), d.bannerExport(), d.frontEnds)
 }
 
 // Run serves until ctx is done, then shuts down gracefully (see package

@@ -190,7 +190,7 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 	var level *slog.LevelVar
 	if log == nil {
 		level = new(slog.LevelVar)
-		level.Set(logLevel(cfg.LogLevel))
+		level.Set(config.SlogLevel(cfg.LogLevel))
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
 	for _, n := range cfg.DeprecationNotes() {
@@ -269,18 +269,6 @@ func New(cfg config.Config, opts Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	return d, nil
-}
-
-func logLevel(s string) slog.Level {
-	switch s {
-	case "debug":
-		return slog.LevelDebug
-	case "warn":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
-	}
-	return slog.LevelInfo
 }
 
 func (d *Daemon) engineFor(name string) config.Engine {

@@ -88,7 +88,7 @@ func (d *Daemon) Reload(next config.Config) error {
 	}
 	if next.LogLevel != cur.LogLevel {
 		if d.level != nil {
-			d.level.Set(logLevel(next.LogLevel))
+			d.level.Set(config.SlogLevel(next.LogLevel))
 			d.log.Info("log level changed", "level", next.LogLevel)
 		} else {
 			d.log.Warn("log_level changed but this daemon's logger was supplied by its embedder; not applied")

@@ -406,7 +406,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.log.Info("vmsan serving", "data_dir", d.cfg.DataDir, "listen", d.cfg.Listeners(),
 		"inflight_budget", volume.HumanSize(d.budget.Stats().Limit),
 		// The Go runtime raised the soft limit to the hard one; the caps
-		// of non-data listeners derive from it (limits.go).
+		// of non-data listeners derive from it (limits.go, fdShare).
 		"max_open_files", netutil.NofileLimit())
 	var runErr error
 	select {

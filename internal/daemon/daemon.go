@@ -34,6 +34,7 @@
 // a new configuration without dropping clients: new volumes, TLS files, log
 // level; what needs a restart is logged. TLS material lives in tlsreload.Server
 // (internal/tlsreload) so new handshakes pick up rotated certificates.
+// The volume operations the control API runs are internal/volops.
 //
 // Concurrency: Daemon methods are safe for concurrent use. Control
 // operations that change the set of volumes are serialised by mu; the data

@@ -92,6 +92,16 @@ func WriteError(w http.ResponseWriter, err error) {
 	WriteJSON(w, st, ae)
 }
 
+// decodeBody decodes the request body into v; on a bad body it writes
+// the error reply and returns false.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	if err := readJSON(r, v); err != nil {
+		WriteError(w, err)
+		return false
+	}
+	return true
+}
+
 func readJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(io.LimitReader(r.Body, MaxBodyBytes))
 	dec.DisallowUnknownFields()
@@ -142,8 +152,7 @@ func (h handlers) info(w http.ResponseWriter, r *http.Request) {
 
 func (h handlers) create(w http.ResponseWriter, r *http.Request) {
 	var req CreateRequest
-	if err := readJSON(r, &req); err != nil {
-		WriteError(w, err)
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	o, err := req.Options()
@@ -157,8 +166,7 @@ func (h handlers) create(w http.ResponseWriter, r *http.Request) {
 
 func (h handlers) resize(w http.ResponseWriter, r *http.Request) {
 	var req ResizeRequest
-	if err := readJSON(r, &req); err != nil {
-		WriteError(w, err)
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	size, err := volume.ParseSize(req.Size)
@@ -172,8 +180,7 @@ func (h handlers) resize(w http.ResponseWriter, r *http.Request) {
 
 func (h handlers) settings(w http.ResponseWriter, r *http.Request) {
 	var req Settings
-	if err := readJSON(r, &req); err != nil {
-		WriteError(w, err)
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	vi, err := h.ops.UpdateVolume(r.PathValue("name"), req)
@@ -206,8 +213,7 @@ func (h handlers) snapList(w http.ResponseWriter, r *http.Request) {
 
 func (h handlers) snapCreate(w http.ResponseWriter, r *http.Request) {
 	var req SnapshotRequest
-	if err := readJSON(r, &req); err != nil {
-		WriteError(w, err)
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	si, err := h.ops.CreateSnapshot(r.PathValue("name"), req.Name, req.Copy, req.Temporary)
@@ -228,8 +234,7 @@ func (h handlers) snapDelete(w http.ResponseWriter, r *http.Request) {
 
 func (h handlers) clone(w http.ResponseWriter, r *http.Request) {
 	var req CloneRequest
-	if err := readJSON(r, &req); err != nil {
-		WriteError(w, err)
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	vi, err := h.ops.Clone(req.Source, req.Name, req.Copy)
@@ -238,8 +243,7 @@ func (h handlers) clone(w http.ResponseWriter, r *http.Request) {
 
 func (h handlers) rollback(w http.ResponseWriter, r *http.Request) {
 	var req RollbackRequest
-	if err := readJSON(r, &req); err != nil {
-		WriteError(w, err)
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	vi, err := h.ops.Rollback(r.PathValue("name"), req.Snapshot, req.Force, req.Copy)
@@ -248,8 +252,7 @@ func (h handlers) rollback(w http.ResponseWriter, r *http.Request) {
 
 func (h handlers) importVolume(w http.ResponseWriter, r *http.Request) {
 	var req ImportRequest
-	if err := readJSON(r, &req); err != nil {
-		WriteError(w, err)
+	if !decodeBody(w, r, &req) {
 		return
 	}
 	o, err := req.Options()

@@ -103,6 +103,25 @@ func TestReconnectAfterFdFlood(t *testing.T) {
 // ("replication metadata write failed; stopping replication"), the
 // writes failed with EIO and the pair never reconnected.
 func TestMetadataWriteDuringFdFlood(t *testing.T) {
+	// Whether a metadata write meets the exhausted descriptors depends on
+	// how the machine schedules the daemon's goroutines against the
+	// flood; a round where none did checks nothing about this path, so
+	// it is run again (a fresh pair), up to 3 times. Every round checks
+	// that no acknowledged write is lost.
+	for round := 1; ; round++ {
+		if metadataWriteDuringFdFlood(t) {
+			return
+		}
+		if round == 3 {
+			t.Fatal("no metadata write ran out of descriptors during the flood in 3 rounds")
+		}
+		t.Logf("round %d: no metadata write ran out of descriptors; again", round)
+	}
+}
+
+// metadataWriteDuringFdFlood is one round of TestMetadataWriteDuringFdFlood;
+// it reports whether a metadata write ran out of descriptors.
+func metadataWriteDuringFdFlood(t *testing.T) bool {
 	p := newPair(t, pairOpts{nofileA: 256})
 	c, err := client.Dial(context.Background(), p.a.uri(), &client.Options{Connections: 1})
 	if err != nil {
@@ -183,8 +202,5 @@ func TestMetadataWriteDuringFdFlood(t *testing.T) {
 	}
 	reserve, held := p.a.logHas("released the descriptor reserve"), p.a.logHas("acknowledgements held")
 	t.Logf("descriptor reserve used: %v; acknowledgements held: %v", reserve, held)
-	if !reserve && !held {
-		// Else the test did not exercise what it is for.
-		t.Error("no metadata write ran out of descriptors during the flood")
-	}
+	return reserve || held
 }
